@@ -1,0 +1,43 @@
+# Every target bootstraps what it needs: a local .venv, the pinned npm packages of interop/,
+# and (for the tests) Debian's tshark. Nothing has to be installed by hand first.
+PY      := .venv/bin/python
+VENV    := .venv/.installed
+NODE    := interop/node_modules/.installed
+SYSDEPS := .venv/.sysdeps
+
+.PHONY: demo test bench lint typecheck clean
+
+$(VENV): pyproject.toml
+	python3 -m venv .venv
+	.venv/bin/pip install -q --upgrade pip
+	.venv/bin/pip install -q -e '.[test]'
+	touch $@
+
+$(NODE): interop/package.json interop/package-lock.json
+	cd interop && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+# tshark (for the BLIP dissector check); installed only when missing and when we are root.
+$(SYSDEPS): $(VENV)
+	@if ! command -v tshark >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tshark >/dev/null; \
+	  else echo "tshark missing and not root: the BLIP dissector test will fail"; fi; \
+	fi
+	touch $@
+
+demo: $(VENV)
+	$(PY) -m p2psync demo
+
+test: $(VENV) $(NODE) $(SYSDEPS)
+	$(PY) -m pytest -q
+
+bench: $(VENV) $(NODE)
+	for f in tests/bench/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
+
+lint: $(VENV)
+	.venv/bin/ruff check p2psync tests interop
+	.venv/bin/mypy p2psync
+
+clean:
+	rm -rf .venv interop/node_modules
