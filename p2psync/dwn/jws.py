@@ -1,0 +1,79 @@
+"""General JWS (RFC 7515 §7.2.1) with EdDSA, as DWN messages carry their signatures.
+
+Signing input is ``protected.payload`` (both base64url); the protected header is the JSON
+``{"kid": …, "alg": "EdDSA"}``. Verification resolves ``kid`` against the signer's DID document.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+
+from p2psync.dwn.did import Identity, verification_key
+from p2psync.dwn.encoding import b64url_decode, b64url_encode, b64url_json, json_compact
+from p2psync.dwn.errors import DwnError
+
+ALG_EDDSA = "EdDSA"
+
+
+def sign_payload(payload: dict[str, Any], signer: Identity) -> dict[str, Any]:
+    """A General JWS over the JSON payload with one signature by ``signer``."""
+    payload_b64 = b64url_encode(json_compact(payload).encode("utf-8"))
+    protected = b64url_encode(json_compact({"kid": signer.key_id, "alg": ALG_EDDSA}).encode())
+    signature = signer.sign(f"{protected}.{payload_b64}".encode("ascii"))
+    return {"payload": payload_b64, "signatures": [{"protected": protected, "signature": b64url_encode(signature)}]}
+
+
+def signature_kid(entry: dict[str, Any]) -> str:
+    """The ``kid`` of one signature entry; 401 when the header is not readable."""
+    try:
+        header = b64url_json(entry["protected"])
+        kid = header["kid"]
+    except (DwnError, KeyError, TypeError) as exc:
+        raise DwnError("JwsProtectedHeaderInvalid", "cannot read kid from protected header", 401) from exc
+    if not isinstance(kid, str):
+        raise DwnError("JwsProtectedHeaderInvalid", "kid must be a string", 401)
+    return kid
+
+
+def signer_did(jws: dict[str, Any]) -> str:
+    """DID of the first signer (the part of its ``kid`` before ``#``)."""
+    return signature_kid(jws["signatures"][0]).split("#", 1)[0]
+
+
+def decode_payload(jws: dict[str, Any]) -> dict[str, Any]:
+    """The JSON object a JWS signs; 400 unless it is a plain object."""
+    try:
+        payload = b64url_json(jws["payload"])
+    except DwnError as exc:
+        raise DwnError("JwsDecodePlainObjectPayloadInvalid", "payload is not a JSON object", 400) from exc
+    if not isinstance(payload, dict):
+        raise DwnError("JwsDecodePlainObjectPayloadInvalid", "signed payload must be a plain object", 400)
+    return payload
+
+
+@functools.lru_cache(maxsize=65536)
+def _verify_entry(protected: str, payload: str, signature: str) -> str:
+    kid = signature_kid({"protected": protected})
+    key = verification_key(kid)
+    did = kid.split("#", 1)[0]
+    try:
+        key.verify(b64url_decode(signature), f"{protected}.{payload}".encode())
+    except (InvalidSignature, DwnError, ValueError) as exc:
+        raise DwnError(
+            "GeneralJwsVerifierInvalidSignature", f"Signature verification failed for {did}", 401
+        ) from exc
+    return did
+
+
+def verify(jws: dict[str, Any]) -> list[str]:
+    """Verify every signature of a General JWS; return the signer DIDs or raise 401."""
+    signers = []
+    for entry in jws["signatures"]:
+        try:
+            signers.append(_verify_entry(entry["protected"], jws["payload"], entry["signature"]))
+        except (KeyError, TypeError) as exc:
+            raise DwnError("GeneralJwsVerifierInvalidSignature", "malformed signature entry", 401) from exc
+    return signers
