@@ -1,0 +1,298 @@
+"""The ``p2psync`` command.
+
+Every failure a user can cause ends in one line on stderr saying what was wrong and what to
+do, and a non-zero exit code; no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from p2psync import __version__
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+
+class CliError(Exception):
+    """A user-facing failure: printed as one line, exit code 1."""
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _home(args: argparse.Namespace) -> Any:
+    from p2psync.home import Home, default_home
+
+    return Home(Path(args.home) if args.home else default_home())
+
+
+def _open_node(args: argparse.Namespace) -> tuple[Any, Any]:
+    """(identity, Dwn) of the data directory; the store may be overridden with --store."""
+    from p2psync.dwn.engine import Dwn
+    from p2psync.dwn.store import Store
+    from p2psync.home import HomeError
+
+    home = _home(args)
+    try:
+        identity = home.load_identity()
+    except HomeError as exc:
+        raise CliError(str(exc)) from None
+    store_path = Path(args.store) if getattr(args, "store", None) else home.store_path
+    return identity, Dwn(Store(store_path))
+
+
+def _check(reply: Any, what: str) -> None:
+    if not reply.ok:
+        raise CliError(f"{what} refused ({reply.code}): {reply.detail}")
+
+
+def _read_data(args: argparse.Namespace) -> bytes:
+    if args.data is not None:
+        return str(args.data).encode("utf-8")
+    if args.file is not None:
+        try:
+            return Path(args.file).read_bytes()
+        except OSError as exc:
+            raise CliError(f"cannot read {args.file}: {exc.strerror}") from None
+    return sys.stdin.buffer.read()
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, sort_keys=False))
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    from p2psync.dwn.did import Identity
+    from p2psync.dwn.store import Store
+    from p2psync.home import HomeError
+
+    home = _home(args)
+    if args.import_key:
+        try:
+            identity = Identity.from_jwk(json.loads(Path(args.import_key).read_text()))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise CliError(f"cannot import key from {args.import_key}: {exc}") from None
+    else:
+        identity = Identity.generate(args.did_method)
+    try:
+        home.init(identity)
+    except HomeError as exc:
+        raise CliError(str(exc)) from None
+    Store(home.store_path).close()
+    print(f"initialised {home.path}")
+    print(f"did: {identity.did}")
+    return EXIT_OK
+
+
+def cmd_whoami(args: argparse.Namespace) -> int:
+    identity, dwn = _open_node(args)
+    dwn.close()
+    print(identity.did)
+    return EXIT_OK
+
+
+def cmd_protocol_install(args: argparse.Namespace) -> int:
+    from p2psync.dwn.protocols import ProtocolsConfigure
+
+    try:
+        definition = json.loads(Path(args.file).read_text())
+    except (OSError, ValueError) as exc:
+        raise CliError(f"cannot read protocol definition {args.file}: {exc}") from None
+    identity, dwn = _open_node(args)
+    try:
+        message = ProtocolsConfigure.create(definition=definition, signer=identity).message
+        reply = dwn.process_message(identity.did, message)
+        _check(reply, "protocol install")
+    finally:
+        dwn.close()
+    print(f"installed {definition.get('protocol')} ({reply.code})")
+    return EXIT_OK
+
+
+def cmd_write(args: argparse.Namespace) -> int:
+    from p2psync.dwn.encoding import message_cid
+    from p2psync.dwn.records_write import RecordsWrite
+
+    data = _read_data(args)
+    identity, dwn = _open_node(args)
+    try:
+        write = RecordsWrite.create(
+            signer=identity,
+            data=data,
+            data_format=args.data_format,
+            schema=args.schema,
+            protocol=args.protocol,
+            protocol_path=args.protocol_path,
+            parent_context_id=args.parent_context_id,
+            recipient=args.recipient,
+            published=True if args.published else None,
+        )
+        reply = dwn.process_message(args.tenant or identity.did, write.message, data)
+        _check(reply, "write")
+    finally:
+        dwn.close()
+    out = {"recordId": write.record_id, "messageCid": message_cid(write.message), "dataCid": write.descriptor["dataCid"],
+           "dataSize": len(data), "status": reply.code}
+    if "contextId" in write.message:
+        out["contextId"] = write.message["contextId"]
+    _print_json(out)
+    return EXIT_OK
+
+
+def cmd_read(args: argparse.Namespace) -> int:
+    from p2psync.dwn.records import create_records_read
+
+    identity, dwn = _open_node(args)
+    try:
+        message = create_records_read(signer=identity, filter={"recordId": args.record_id})
+        reply = dwn.process_message(args.tenant or identity.did, message)
+        _check(reply, "read")
+    finally:
+        dwn.close()
+    assert reply.data is not None
+    if args.out:
+        Path(args.out).write_bytes(reply.data)
+        print(f"wrote {len(reply.data)} bytes to {args.out}")
+    else:
+        sys.stdout.buffer.write(reply.data)
+        sys.stdout.buffer.flush()
+    return EXIT_OK
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    from p2psync.dwn.encoding import message_cid
+    from p2psync.dwn.records import create_records_query
+
+    flt: dict[str, Any] = {}
+    for key, value in (("protocol", args.protocol), ("protocolPath", args.protocol_path), ("schema", args.schema),
+                       ("contextId", args.context_id), ("recipient", args.recipient)):
+        if value is not None:
+            flt[key] = value
+    identity, dwn = _open_node(args)
+    try:
+        message = create_records_query(signer=identity, filter=flt)
+        reply = dwn.process_message(args.tenant or identity.did, message)
+        _check(reply, "query")
+    finally:
+        dwn.close()
+    rows = []
+    for e in reply.entries or []:
+        d = e["descriptor"]
+        stored = {k: v for k, v in e.items() if k not in ("encodedData", "initialWrite")}
+        rows.append({"recordId": e["recordId"], "messageCid": message_cid(stored), "dataSize": d["dataSize"],
+                     "dataFormat": d["dataFormat"], "protocolPath": d.get("protocolPath"),
+                     "dateCreated": d["dateCreated"]})
+    if args.json:
+        _print_json(rows)
+    else:
+        for r in rows:
+            print(f"{r['recordId']}  {r['dataSize']:>9} B  {r['dataFormat']:<28} {r['protocolPath'] or '-'}")
+        print(f"{len(rows)} record(s)")
+    return EXIT_OK
+
+
+def cmd_dwn_pipe(args: argparse.Namespace) -> int:
+    from p2psync.dwn.pipe import run_pipe
+
+    return run_pipe(args.store)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from p2psync.demo import run_demo
+
+    return run_demo()
+
+
+def cmd_blip_echo(args: argparse.Namespace) -> int:
+    from p2psync.blip.echo import main as echo_main
+
+    return int(echo_main(host=args.host, port=args.port, app_id=args.app_id) or 0)
+
+
+# --------------------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="p2psync", description="Peer-to-peer replication of DWN data.")
+    p.add_argument("--version", action="version", version=f"p2psync {__version__}")
+    p.add_argument("--home", help="data directory (default: $P2PSYNC_HOME or the user data dir)")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, fn: Callable[[argparse.Namespace], int], help_: str,
+            parent: Any = sub) -> argparse.ArgumentParser:
+        sp: argparse.ArgumentParser = parent.add_parser(name, help=help_, description=help_)
+        sp.set_defaults(fn=fn)
+        return sp
+
+    add("demo", cmd_demo, "run the main job on its embedded default, in a temporary directory")
+
+    sp = add("init", cmd_init, "create an identity and a store in the data directory")
+    sp.add_argument("--did-method", choices=["key", "jwk"], default="key")
+    sp.add_argument("--import-key", metavar="FILE", help="use this identity file (the same tenant on a second device)")
+
+    add("whoami", cmd_whoami, "print this node's DID")
+
+    proto = sub.add_parser("protocol", help="protocol definitions").add_subparsers(dest="sub", required=True)
+    sp = add("install", cmd_protocol_install, "install (configure) a protocol definition from a JSON file", proto)
+    sp.add_argument("file")
+    sp.add_argument("--store")
+
+    sp = add("write", cmd_write, "write a record (data from --data, --file or stdin)")
+    src = sp.add_mutually_exclusive_group()
+    src.add_argument("--data", help="the data, as text")
+    src.add_argument("--file", help="read the data from a file")
+    sp.add_argument("--data-format", default="application/octet-stream")
+    sp.add_argument("--schema")
+    sp.add_argument("--protocol")
+    sp.add_argument("--protocol-path")
+    sp.add_argument("--parent-context-id")
+    sp.add_argument("--recipient")
+    sp.add_argument("--published", action="store_true")
+    sp.add_argument("--tenant", help="write to another tenant's DWN (default: your own)")
+    sp.add_argument("--store")
+
+    sp = add("read", cmd_read, "read a record's data by recordId")
+    sp.add_argument("record_id")
+    sp.add_argument("--out", help="write the data to this file instead of stdout")
+    sp.add_argument("--tenant")
+    sp.add_argument("--store")
+
+    sp = add("query", cmd_query, "list records")
+    for flag in ("--protocol", "--protocol-path", "--schema", "--context-id", "--recipient", "--tenant", "--store"):
+        sp.add_argument(flag)
+    sp.add_argument("--json", action="store_true", help="machine-readable output")
+
+    dwn = sub.add_parser("dwn", help="engine tools").add_subparsers(dest="sub", required=True)
+    sp = add("pipe", cmd_dwn_pipe, "JSON-lines interop pipe over stdin/stdout (protocol/interop-pipe.md)", dwn)
+    sp.add_argument("--store", required=True, help="SQLite store file (created when new)")
+
+    blip = sub.add_parser("blip", help="BLIP_3 tools").add_subparsers(dest="sub", required=True)
+    sp = add("echo", cmd_blip_echo, "BLIP_3 echo peer for testing other implementations", blip)
+    sp.add_argument("--host", default="127.0.0.1")
+    sp.add_argument("--port", type=int, default=0)
+    sp.add_argument("--app-id", default="P2PSync_1")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.fn(args))
+    except CliError as exc:
+        print(f"p2psync: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return EXIT_FAILED

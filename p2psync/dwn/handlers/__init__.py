@@ -1,0 +1,1 @@
+"""Method handlers: one module per DWN interface."""

@@ -1,0 +1,460 @@
+"""The engine's storage: one SQLite file (apsw, WAL) holding messages, data and event logs.
+
+Layout choices, measured on these machines (docs/benchmarks.md, FACTS.md):
+- rowid tables with a UNIQUE index on the CID: a random-CID primary key is 2–4× slower;
+- WAL with ``synchronous=NORMAL``: a commit survives a process crash, and costs no fsync;
+- the index key-values of each message are kept whole (JSON) beside a few indexed columns;
+  a query narrows by the most selective column in SQL and then applies the reference's
+  filter semantics in Python, so results match the reference exactly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import apsw
+
+from p2psync.dwn.encoding import json_compact, message_cid
+from p2psync.dwn.errors import DwnError
+
+SCHEMA_VERSION = 1
+
+# Columns a filter can be narrowed by in SQL, most selective first.
+_NARROWING_COLUMNS = (
+    ("recordId", "record_id"),
+    ("entryId", "entry_id"),
+    ("parentId", "parent_id"),
+    ("contextId", "context_id"),
+    ("protocol", "protocol"),
+)
+
+_MIGRATIONS: dict[int, str] = {
+    1: """
+    CREATE TABLE tenants(
+        id INTEGER PRIMARY KEY,
+        did TEXT NOT NULL UNIQUE,
+        stream_id TEXT NOT NULL,     -- stable identity of this tenant's event log
+        epoch TEXT NOT NULL,         -- changes only when the log's continuity is broken
+        next_position INTEGER NOT NULL DEFAULT 1,
+        active INTEGER NOT NULL DEFAULT 1
+    );
+    CREATE TABLE messages(
+        id INTEGER PRIMARY KEY,
+        tenant INTEGER NOT NULL REFERENCES tenants(id),
+        cid TEXT NOT NULL,
+        body TEXT NOT NULL,          -- the stored message (JSON), encodedData included
+        indexes TEXT NOT NULL,       -- the reference's index key-values (JSON)
+        interface TEXT, method TEXT, record_id TEXT, entry_id TEXT, parent_id TEXT,
+        context_id TEXT, protocol TEXT
+    );
+    CREATE UNIQUE INDEX messages_cid ON messages(tenant, cid);
+    CREATE INDEX messages_record ON messages(tenant, record_id);
+    CREATE INDEX messages_entry ON messages(tenant, entry_id);
+    CREATE INDEX messages_parent ON messages(tenant, parent_id);
+    CREATE INDEX messages_context ON messages(tenant, context_id);
+    CREATE INDEX messages_protocol ON messages(tenant, protocol);
+    CREATE TABLE data(
+        id INTEGER PRIMARY KEY,
+        tenant INTEGER NOT NULL REFERENCES tenants(id),
+        record_id TEXT NOT NULL,
+        data_cid TEXT NOT NULL,
+        size INTEGER NOT NULL,
+        bytes BLOB NOT NULL
+    );
+    CREATE UNIQUE INDEX data_key ON data(tenant, record_id, data_cid);
+    CREATE TABLE events(
+        id INTEGER PRIMARY KEY,
+        tenant INTEGER NOT NULL REFERENCES tenants(id),
+        position INTEGER NOT NULL,
+        cid TEXT NOT NULL,
+        indexes TEXT NOT NULL
+    );
+    CREATE UNIQUE INDEX events_position ON events(tenant, position);
+    CREATE INDEX events_cid ON events(tenant, cid);
+    CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+    """,
+}
+
+
+class Store:
+    """One SQLite database file: the message store, data store and event logs of its tenants."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.conn = apsw.Connection(str(self.path))
+        self.conn.set_busy_timeout(5000)
+        self.conn.execute("PRAGMA journal_mode=WAL")
+        self.conn.execute("PRAGMA synchronous=NORMAL")
+        self.conn.execute("PRAGMA foreign_keys=ON")
+        self._migrate()
+        self._tenant_ids: dict[str, int] = {}
+        self.messages = MessageStore(self)
+        self.data = DataStore(self)
+        self.events = EventLog(self)
+
+    def _migrate(self) -> None:
+        version = self.conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise DwnError(
+                "StoreSchemaTooNew",
+                f"{self.path} has schema version {version}; this p2psync knows up to {SCHEMA_VERSION}",
+                500,
+            )
+        for target in range(version + 1, SCHEMA_VERSION + 1):
+            with self.conn:
+                self.conn.execute(_MIGRATIONS[target])
+                self.conn.execute(f"PRAGMA user_version={target}")
+
+    def close(self) -> None:
+        self.conn.close()
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        """All writes inside commit together or not at all (nests as savepoints)."""
+        with self.conn:
+            yield
+
+    # -- tenants -------------------------------------------------------------------------
+
+    def tenant_id(self, did: str, create: bool = True) -> int | None:
+        """Row id of a tenant; a tenant comes into being with its first stored message."""
+        cached = self._tenant_ids.get(did)
+        if cached is not None:
+            return cached
+        row = self.conn.execute("SELECT id FROM tenants WHERE did=?", (did,)).fetchone()
+        if row is None:
+            if not create:
+                return None
+            with self.conn:
+                self.conn.execute(
+                    "INSERT INTO tenants(did, stream_id, epoch) VALUES(?,?,?)",
+                    (did, str(uuid.uuid4()), str(uuid.uuid4())),
+                )
+            row = (self.conn.last_insert_rowid(),)
+        self._tenant_ids[did] = row[0]
+        return int(row[0])
+
+    def tenants(self) -> list[str]:
+        return [r[0] for r in self.conn.execute("SELECT did FROM tenants ORDER BY id")]
+
+    def _tid(self, did: str) -> int:
+        tid = self.tenant_id(did)
+        assert tid is not None
+        return tid
+
+
+def _encode_sort_value(value: Any) -> str:
+    """The reference's ``IndexLevel.encodeValue``: numbers zero-padded, others as JSON."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return json_compact(value)
+    max_safe = 2**53 - 1
+    text = _js_number(value + max_safe if value < 0 else value)
+    return ("!" if value < 0 else "") + text.rjust(len(str(max_safe)), "0")
+
+
+def _js_number(value: int | float) -> str:
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def _js_equal(a: Any, b: Any) -> bool:
+    # JS `===` on index values: booleans never equal numbers, 1 === 1.0.
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, str) != isinstance(b, str):
+        return False
+    return bool(a == b)
+
+
+def _js_less(a: Any, b: Any) -> bool:
+    # The range comparisons of the reference are plain JS `<` on string or number values.
+    try:
+        return bool(a < b)
+    except TypeError:
+        return False
+
+
+def _match_value(filter_value: Any, index_value: Any) -> bool:
+    if isinstance(filter_value, list):
+        return any(_js_equal(index_value, v) for v in filter_value)
+    if isinstance(filter_value, dict):
+        if "lt" in filter_value and not _js_less(index_value, filter_value["lt"]):
+            return False
+        if "lte" in filter_value and _js_less(filter_value["lte"], index_value):
+            return False
+        if "gt" in filter_value and not _js_less(filter_value["gt"], index_value):
+            return False
+        return not ("gte" in filter_value and _js_less(index_value, filter_value["gte"]))
+    return _js_equal(index_value, filter_value)
+
+
+def match_filter(indexes: dict[str, Any], flt: dict[str, Any]) -> bool:
+    """The reference's ``FilterUtility.matchFilter``: every property must match."""
+    for prop, fv in flt.items():
+        iv = indexes.get(prop)
+        if iv is None:
+            return False
+        if isinstance(iv, list):
+            if not any(_match_value(fv, v) for v in iv):
+                return False
+        elif not _match_value(fv, iv):
+            return False
+    return True
+
+
+def match_any_filter(indexes: dict[str, Any], filters: list[dict[str, Any]]) -> bool:
+    return not filters or any(match_filter(indexes, f) for f in filters)
+
+
+def _is_filter_concise(flt: dict[str, Any], has_cursor: bool) -> bool:
+    # The reference pages in memory only for filters it considers narrow.
+    if "recordId" in flt:
+        return True
+    if has_cursor:
+        return False
+    return any(k in flt for k in ("protocolPath", "contextId", "parentId", "schema"))
+
+
+class MessageStore:
+    """Messages with their indexes; queries with the reference's semantics."""
+
+    def __init__(self, store: Store) -> None:
+        self._s = store
+
+    def put(self, tenant: str, message: dict[str, Any], indexes: dict[str, Any], cid: str | None = None) -> None:
+        """Store a message under its CID (a repeat put of the same CID is a no-op)."""
+        cid = cid or message_cid(message)
+        self._s.conn.execute(
+            "INSERT OR IGNORE INTO messages(tenant, cid, body, indexes, interface, method,"
+            " record_id, entry_id, parent_id, context_id, protocol) VALUES(?,?,?,?,?,?,?,?,?,?,?)",
+            (
+                self._s._tid(tenant),
+                cid,
+                json_compact(message),
+                json_compact(indexes),
+                indexes.get("interface"),
+                indexes.get("method"),
+                _str_or_none(indexes.get("recordId")),
+                _str_or_none(indexes.get("entryId")),
+                _str_or_none(indexes.get("parentId")),
+                _str_or_none(indexes.get("contextId")),
+                _str_or_none(indexes.get("protocol")),
+            ),
+        )
+
+    def get(self, tenant: str, cid: str) -> dict[str, Any] | None:
+        tid = self._s.tenant_id(tenant, create=False)
+        if tid is None:
+            return None
+        row = self._s.conn.execute("SELECT body FROM messages WHERE tenant=? AND cid=?", (tid, cid)).fetchone()
+        return None if row is None else json.loads(row[0])  # type: ignore[no-any-return]
+
+    def has(self, tenant: str, cid: str) -> bool:
+        tid = self._s.tenant_id(tenant, create=False)
+        if tid is None:
+            return False
+        row = self._s.conn.execute("SELECT 1 FROM messages WHERE tenant=? AND cid=?", (tid, cid)).fetchone()
+        return row is not None
+
+    def delete(self, tenant: str, cid: str) -> None:
+        tid = self._s.tenant_id(tenant, create=False)
+        if tid is not None:
+            self._s.conn.execute("DELETE FROM messages WHERE tenant=? AND cid=?", (tid, cid))
+
+    def count(self, tenant: str) -> int:
+        tid = self._s.tenant_id(tenant, create=False)
+        if tid is None:
+            return 0
+        return int(self._s.conn.execute("SELECT count(*) FROM messages WHERE tenant=?", (tid,)).fetchone()[0])
+
+    def cids(self, tenant: str) -> list[str]:
+        tid = self._s.tenant_id(tenant, create=False)
+        if tid is None:
+            return []
+        return [r[0] for r in self._s.conn.execute("SELECT cid FROM messages WHERE tenant=?", (tid,))]
+
+    def _candidates(self, tid: int, filters: list[dict[str, Any]]) -> dict[str, tuple[str, dict[str, Any]]]:
+        conn = self._s.conn
+        found: dict[str, tuple[str, dict[str, Any]]] = {}
+        plans: list[tuple[str, list[Any]]] = []
+        for flt in filters or [{}]:
+            for prop, column in _NARROWING_COLUMNS:
+                value = flt.get(prop)
+                if isinstance(value, str):
+                    plans.append((f"SELECT cid, body, indexes FROM messages WHERE tenant=? AND {column}=?", [tid, value]))
+                    break
+                if isinstance(value, list) and all(isinstance(v, str) for v in value):
+                    marks = ",".join("?" * len(value))
+                    plans.append((f"SELECT cid, body, indexes FROM messages WHERE tenant=? AND {column} IN ({marks})", [tid, *value]))
+                    break
+            else:
+                plans = [("SELECT cid, body, indexes FROM messages WHERE tenant=?", [tid])]
+                break
+        for sql, args in plans:
+            for cid, body, idx in conn.execute(sql, args):
+                if cid not in found:
+                    found[cid] = (body, json.loads(idx))
+        return found
+
+    def query(
+        self,
+        tenant: str,
+        filters: list[dict[str, Any]],
+        sort: dict[str, int] | None = None,
+        pagination: dict[str, Any] | None = None,
+    ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+        """Messages matching any of ``filters``, sorted and paged as the reference does."""
+        tid = self._s.tenant_id(tenant, create=False)
+        if tid is None:
+            return [], None
+        sort = sort or {}
+        sort_prop = "messageTimestamp"
+        for candidate in ("dateCreated", "datePublished", "messageTimestamp"):
+            if sort.get(candidate) is not None:
+                sort_prop = candidate
+                break
+        descending = sort.get(sort_prop) == -1
+        pagination = pagination or {}
+        limit = pagination.get("limit")
+        cursor = pagination.get("cursor")
+        in_memory = all(_is_filter_concise(f, cursor is not None) for f in filters)
+
+        matched: list[tuple[str, str, dict[str, Any]]] = []
+        for cid, (body, idx) in self._candidates(tid, filters).items():
+            if not match_any_filter(idx, filters):
+                continue
+            if sort_prop not in idx:
+                if in_memory and filters:
+                    return [], None  # the reference aborts such a query with no results
+                continue
+            matched.append((f"{_encode_sort_value(idx[sort_prop])}\x00{cid}", body, idx))
+        matched.sort(key=lambda m: m[0], reverse=descending)
+        if cursor is not None:
+            start_key = f"{_encode_sort_value(cursor.get('value'))}\x00{cursor.get('messageCid')}"
+            if descending:
+                matched = [m for m in matched if m[0] < start_key]
+            else:
+                matched = [m for m in matched if m[0] > start_key]
+        next_cursor = None
+        if isinstance(limit, int) and limit > 0 and len(matched) > limit:
+            matched = matched[:limit]
+            last_cid = matched[-1][0].rsplit("\x00", 1)[1]
+            value = matched[-1][2][sort_prop]
+            if isinstance(value, bool) or isinstance(value, list):
+                raise DwnError("IndexInvalidCursorValueType", "only string or number values are supported for cursors")
+            next_cursor = {"messageCid": last_cid, "value": value}
+        return [json.loads(body) for _, body, _ in matched], next_cursor
+
+
+def _str_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+class DataStore:
+    """Record data too large to travel inline, keyed by (tenant, recordId, dataCid)."""
+
+    def __init__(self, store: Store) -> None:
+        self._s = store
+
+    def put(self, tenant: str, record_id: str, data_cid: str, data: bytes) -> int:
+        self._s.conn.execute(
+            "INSERT OR REPLACE INTO data(tenant, record_id, data_cid, size, bytes) VALUES(?,?,?,?,?)",
+            (self._s._tid(tenant), record_id, data_cid, len(data), data),
+        )
+        return len(data)
+
+    def get(self, tenant: str, record_id: str, data_cid: str) -> bytes | None:
+        tid = self._s.tenant_id(tenant, create=False)
+        if tid is None:
+            return None
+        row = self._s.conn.execute(
+            "SELECT bytes FROM data WHERE tenant=? AND record_id=? AND data_cid=?", (tid, record_id, data_cid)
+        ).fetchone()
+        return None if row is None else bytes(row[0])
+
+    def size(self, tenant: str, record_id: str, data_cid: str) -> int | None:
+        tid = self._s.tenant_id(tenant, create=False)
+        if tid is None:
+            return None
+        row = self._s.conn.execute(
+            "SELECT size FROM data WHERE tenant=? AND record_id=? AND data_cid=?", (tid, record_id, data_cid)
+        ).fetchone()
+        return None if row is None else int(row[0])
+
+    def delete(self, tenant: str, record_id: str, data_cid: str) -> None:
+        tid = self._s.tenant_id(tenant, create=False)
+        if tid is not None:
+            self._s.conn.execute(
+                "DELETE FROM data WHERE tenant=? AND record_id=? AND data_cid=?", (tid, record_id, data_cid)
+            )
+
+
+class EventLog:
+    """Per-tenant append-only log of stored messages with increasing integer positions.
+
+    A position is never reused. Entries of messages the engine later prunes are removed (as
+    the reference does), which leaves gaps; the stream identity (``streamId``, ``epoch``) says
+    which log the positions belong to.
+    """
+
+    def __init__(self, store: Store) -> None:
+        self._s = store
+
+    def append(self, tenant: str, cid: str, indexes: dict[str, Any]) -> int:
+        conn = self._s.conn
+        tid = self._s._tid(tenant)
+        with conn:
+            position = int(conn.execute(
+                "UPDATE tenants SET next_position = next_position + 1 WHERE id=? RETURNING next_position - 1",
+                (tid,),
+            ).fetchone()[0])
+            conn.execute(
+                "INSERT INTO events(tenant, position, cid, indexes) VALUES(?,?,?,?)",
+                (tid, position, cid, json_compact(indexes)),
+            )
+        return position
+
+    def delete_events_by_cid(self, tenant: str, cids: list[str]) -> None:
+        tid = self._s.tenant_id(tenant, create=False)
+        if tid is None or not cids:
+            return
+        self._s.conn.executemany("DELETE FROM events WHERE tenant=? AND cid=?", [(tid, c) for c in cids])
+
+    def position_of(self, tenant: str, cid: str) -> int | None:
+        tid = self._s.tenant_id(tenant, create=False)
+        if tid is None:
+            return None
+        row = self._s.conn.execute("SELECT position FROM events WHERE tenant=? AND cid=?", (tid, cid)).fetchone()
+        return None if row is None else int(row[0])
+
+    def read(self, tenant: str, after: int = 0, limit: int | None = None) -> list[tuple[int, str]]:
+        """Entries with position > ``after`` in order, as (position, messageCid)."""
+        tid = self._s.tenant_id(tenant, create=False)
+        if tid is None:
+            return []
+        sql = "SELECT position, cid FROM events WHERE tenant=? AND position>? ORDER BY position"
+        args: list[Any] = [tid, after]
+        if limit is not None:
+            sql += " LIMIT ?"
+            args.append(limit)
+        return [(int(p), c) for p, c in self._s.conn.execute(sql, args)]
+
+    def stream(self, tenant: str) -> tuple[str, str]:
+        """(streamId, epoch) of the tenant's log."""
+        row = self._s.conn.execute(
+            "SELECT stream_id, epoch FROM tenants WHERE id=?", (self._s._tid(tenant),)
+        ).fetchone()
+        return str(row[0]), str(row[1])
+
+    def count(self, tenant: str) -> int:
+        tid = self._s.tenant_id(tenant, create=False)
+        if tid is None:
+            return 0
+        return int(self._s.conn.execute("SELECT count(*) FROM events WHERE tenant=?", (tid,)).fetchone()[0])
