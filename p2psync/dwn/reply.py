@@ -29,7 +29,10 @@ class Reply:
 
 def reply_from_error(err: Exception, code: int) -> Reply:
     """The reference's ``messageReplyFromError``: the error message becomes the detail."""
-    return Reply(code, str(err) if isinstance(err, DwnError) else (str(err) or "Error"))
+    if isinstance(err, DwnError):
+        return Reply(code, str(err))
+    # A structural fault the reference meets as a JavaScript TypeError.
+    return Reply(code, f"TypeError: {type(err).__name__}: {err}")
 
 
 @dataclass

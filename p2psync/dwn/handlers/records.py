@@ -39,6 +39,11 @@ from p2psync.dwn.urls import validate_protocol_url_normalized, validate_schema_u
 # the data store. The reference's DwnConstant.maxDataSizeAllowedToBeEncoded.
 MAX_DATA_SIZE_ENCODED = 30_000
 
+# What a handler stage turns into its reply code. The reference wraps each stage in a
+# try/catch that also catches JavaScript TypeErrors (a missing property deep in a message
+# that its schema allows to be absent); KeyError/TypeError/… are their Python counterparts.
+STAGE_ERRORS = (DwnError, KeyError, TypeError, IndexError, AttributeError, ValueError)
+
 # Error codes for which a failing RecordsWrite answers 400 once it reached storage.
 _WRITE_STORAGE_400 = frozenset(
     {
@@ -159,12 +164,12 @@ def handle_records_write(ctx: HandlerContext, tenant: str, message: Message, dat
         write = RecordsWrite.parse(message)
         if "protocol" in message["descriptor"]:
             protocol_authorization.validate_referential_integrity(tenant, write, store)
-    except DwnError as e:
+    except STAGE_ERRORS as e:
         return reply_from_error(e, 400)
     try:
         authenticate(message.get("authorization"))
         _authorize_records_write(tenant, write, store)
-    except DwnError as e:
+    except STAGE_ERRORS as e:
         return reply_from_error(e, 401)
 
     existing, _ = store.messages.query(tenant, [{"interface": "Records", "recordId": message["recordId"]}])
@@ -173,7 +178,7 @@ def handle_records_write(ctx: HandlerContext, tenant: str, message: Message, dat
         try:
             initial = get_initial_write(existing)
             verify_equality_of_immutable_properties(initial, message)
-        except DwnError as e:
+        except STAGE_ERRORS as e:
             return reply_from_error(e, 400)
 
     newest_existing = get_newest_message(existing)
@@ -184,7 +189,7 @@ def handle_records_write(ctx: HandlerContext, tenant: str, message: Message, dat
         with store.transaction():
             if newest_existing is not None and newest_existing["descriptor"]["method"] == "Delete":
                 raise DwnError("RecordsWriteNotAllowedAfterDelete", "RecordsWrite is not allowed after a RecordsDelete.")
-            _pre_process_core_write(store, tenant, message)
+            permissions.validate_revocation_protocol_tag(tenant, store, message)
             is_latest_base_state = False
             stored: Message = message
             if data is not None:
@@ -205,19 +210,6 @@ def handle_records_write(ctx: HandlerContext, tenant: str, message: Message, dat
     if new_is_initial and data is None:
         return Reply(204, "No Content")
     return Reply(202, "Accepted")
-
-
-def _pre_process_core_write(store: Store, tenant: str, message: Message) -> None:
-    d = message["descriptor"]
-    if d.get("protocol") == permissions.PERMISSIONS_PROTOCOL_URI and d.get("protocolPath") == permissions.REVOCATION_PATH:
-        grant = permissions.fetch_grant(tenant, store, d["parentId"])
-        revoke_protocol = (d.get("tags") or {}).get("protocol")
-        grant_protocol = grant.scope.get("protocol")
-        if grant_protocol != revoke_protocol:
-            raise DwnError(
-                "PermissionsProtocolValidateRevocationProtocolTagMismatch",
-                f"Revocation protocol {revoke_protocol} does not match grant protocol {grant_protocol}",
-            )
 
 
 def _validate_data_integrity(expected_cid: str, expected_size: int, actual_cid: str | None, actual_size: int | None) -> None:
@@ -299,11 +291,11 @@ def handle_records_delete(ctx: HandlerContext, tenant: str, message: Message) ->
     store = ctx.store
     try:
         delete = parse_signed_records_message(message)
-    except DwnError as e:
+    except STAGE_ERRORS as e:
         return reply_from_error(e, 400)
     try:
         authenticate(message.get("authorization"))
-    except DwnError as e:
+    except STAGE_ERRORS as e:
         return reply_from_error(e, 401)
     record_id = message["descriptor"]["recordId"]
     existing, _ = store.messages.query(tenant, [{"interface": "Records", "recordId": record_id}])
@@ -318,7 +310,7 @@ def handle_records_delete(ctx: HandlerContext, tenant: str, message: Message) ->
         if initial is None:
             raise DwnError("RecordsDeleteAuthorizationFailed", "initial write of the record not found")
         _authorize_records_delete(tenant, delete, initial, store)
-    except DwnError as e:
+    except STAGE_ERRORS as e:
         return reply_from_error(e, 401)
     with store.transaction():
         _perform_records_delete(store, tenant, message)
@@ -374,12 +366,12 @@ def handle_records_read(ctx: HandlerContext, tenant: str, message: Message) -> R
     store = ctx.store
     try:
         read = parse_signed_records_message(message)
-    except DwnError as e:
+    except STAGE_ERRORS as e:
         return reply_from_error(e, 400)
     try:
         if read.author is not None:
             authenticate(message.get("authorization"))
-    except DwnError as e:
+    except STAGE_ERRORS as e:
         return reply_from_error(e, 401)
     query = {
         "interface": "Records",
@@ -402,13 +394,13 @@ def handle_records_read(ctx: HandlerContext, tenant: str, message: Message) -> R
             )
         try:
             _authorize_records_read(tenant, read, RecordsWrite.parse(initial_message), store)
-        except DwnError as e:
+        except STAGE_ERRORS as e:
             return reply_from_error(e, 401)
         return Reply(404, "Not Found", entry={"recordsDelete": matched, "initialWrite": initial_message})
 
     try:
         _authorize_records_read(tenant, read, RecordsWrite.parse(matched), store)
-    except DwnError as e:
+    except STAGE_ERRORS as e:
         return reply_from_error(e, 401)
     if "encodedData" in matched:
         data = b64url_decode(matched.pop("encodedData"))
@@ -480,7 +472,7 @@ def handle_records_query(ctx: HandlerContext, tenant: str, message: Message) -> 
     store = ctx.store
     try:
         query = parse_records_query(message)
-    except DwnError as e:
+    except STAGE_ERRORS as e:
         return reply_from_error(e, 400)
     d = message["descriptor"]
     flt = d["filter"]
@@ -500,7 +492,7 @@ def handle_records_query(ctx: HandlerContext, tenant: str, message: Message) -> 
         try:
             authenticate(message.get("authorization"))
             _authorize_records_query(tenant, query, store)
-        except DwnError as e:
+        except STAGE_ERRORS as e:
             return reply_from_error(e, 401)
         author = query.author
         assert author is not None

@@ -1,0 +1,88 @@
+"""Engine throughput: author N signed RecordsWrite with 1 KiB data, process them into a fresh
+store, and run the same messages through the reference DWN's pipe for a side-by-side ratio.
+
+    .venv/bin/python tests/bench/bench_engine.py [--count 10000] [--reference-count 1000]
+
+Prints messages/s for authoring and for processing (one core), and the reference's rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from p2psync.dwn.did import Identity  # noqa: E402
+from p2psync.dwn.encoding import b64url_encode  # noqa: E402
+from p2psync.dwn.engine import Dwn  # noqa: E402
+from p2psync.dwn.records_write import RecordsWrite  # noqa: E402
+from p2psync.dwn.store import Store  # noqa: E402
+
+
+def author(n: int) -> tuple[Identity, list[tuple[dict[str, object], bytes]]]:
+    alice = Identity.generate("key")
+    out = []
+    for _ in range(n):
+        data = os.urandom(1024)
+        out.append((RecordsWrite.create(signer=alice, data=data, data_format="application/octet-stream").message, data))
+    return alice, out
+
+
+def reference_rate(tenant: str, messages: list[tuple[dict[str, object], bytes]]) -> float | None:
+    harness = ROOT / "interop" / "harness.mjs"
+    if not (ROOT / "interop" / "node_modules").exists() or not harness.exists():
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        lines = "".join(
+            json.dumps({"op": "process", "tenant": tenant, "message": m, "data": b64url_encode(d)}) + "\n"
+            for m, d in messages
+        )
+        start = time.perf_counter()
+        proc = subprocess.run(["node", str(harness), "--store", tmp], input=lines, capture_output=True, text=True,
+                              cwd=ROOT / "interop", timeout=1800)
+        elapsed = time.perf_counter() - start
+        codes = [json.loads(x)["status"]["code"] for x in proc.stdout.splitlines()]
+        if codes.count(202) != len(messages):
+            print(f"reference: unexpected codes {sorted(set(codes))}", file=sys.stderr)
+        return len(messages) / elapsed
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--count", type=int, default=10_000)
+    ap.add_argument("--reference-count", type=int, default=1_000, help="messages sent through the reference")
+    args = ap.parse_args()
+
+    t0 = time.perf_counter()
+    alice, messages = author(args.count)
+    t_author = time.perf_counter() - t0
+
+    with tempfile.TemporaryDirectory() as tmp:
+        dwn = Dwn(Store(Path(tmp) / "bench.db"))
+        t0 = time.perf_counter()
+        codes = [dwn.process_message(alice.did, m, d).code for m, d in messages]
+        t_process = time.perf_counter() - t0
+        dwn.close()
+    assert codes.count(202) == len(codes), sorted(set(codes))
+
+    ours = args.count / t_process
+    print(f"authoring:  {args.count} RecordsWrite (1 KiB) in {t_author:.2f} s = {args.count / t_author:,.0f} msg/s")
+    print(f"processing: {args.count} into a fresh store in {t_process:.2f} s = {ours:,.0f} msg/s")
+    ref = reference_rate(alice.did, messages[: args.reference_count])
+    if ref is None:
+        print("reference:  skipped (run `make test` once to install interop/node_modules)")
+    else:
+        print(f"reference:  {args.reference_count} of the same messages = {ref:,.0f} msg/s "
+              f"(p2psync is {ours / ref:,.1f}x)")
+
+
+if __name__ == "__main__":
+    main()
