@@ -1,1 +1,70 @@
-"""p2psync.blip"""
+"""BLIP_3: multiplexed request/reply messaging over WebSockets, as Couchbase Mobile speaks it.
+
+Two layers:
+
+- sans-I/O: :mod:`p2psync.blip.wire` (constants, varints, properties),
+  :mod:`p2psync.blip.codec` (CRC and deflate per direction) and
+  :class:`~p2psync.blip.connection.BlipConnection` (numbering, outbox, flow control, events);
+- trio: :func:`connect`, :func:`serve` and :class:`Connection` over the ``websockets``
+  sans-I/O protocol.
+
+Quick use::
+
+    async with blip.connect("ws://127.0.0.1:4984/", handlers={"hello": on_hello}) as conn:
+        reply = await conn.request("echo", {"X-Test": "1"}, b"body")
+
+This package knows nothing about DWN; the peer layer builds its profiles on top of it.
+See ``docs/blip.md``.
+"""
+
+from p2psync.blip.connection import BlipConnection, ConnectionState
+from p2psync.blip.errors import BLIP_ERROR_DOMAIN, BlipError, ConnectionClosed, ProtocolError
+from p2psync.blip.messages import (
+    Body,
+    Handler,
+    HandlerSpec,
+    IncomingBody,
+    Reply,
+    Request,
+    Response,
+    StreamingHandler,
+    StreamingResponse,
+    streaming,
+)
+from p2psync.blip.transport import (
+    DEFAULT_APP_ID,
+    BlipServer,
+    Connection,
+    accept_stream,
+    connect,
+    connect_stream,
+    serve,
+    subprotocol_for,
+)
+
+__all__ = [
+    "BLIP_ERROR_DOMAIN",
+    "DEFAULT_APP_ID",
+    "BlipConnection",
+    "BlipError",
+    "BlipServer",
+    "Body",
+    "Connection",
+    "ConnectionClosed",
+    "ConnectionState",
+    "Handler",
+    "HandlerSpec",
+    "IncomingBody",
+    "ProtocolError",
+    "Reply",
+    "Request",
+    "Response",
+    "StreamingHandler",
+    "StreamingResponse",
+    "accept_stream",
+    "connect",
+    "connect_stream",
+    "serve",
+    "streaming",
+    "subprotocol_for",
+]

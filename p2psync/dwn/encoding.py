@@ -109,12 +109,20 @@ def _normalize(value: Any) -> tuple[Any, bool]:
 
 
 def _has_float(value: Any) -> bool:
-    # A cheap scan first: most messages hold no float at all, so they skip the copy.
-    if isinstance(value, dict):
-        return any(_has_float(v) for v in value.values())
-    if isinstance(value, list):
-        return any(_has_float(v) for v in value)
-    return isinstance(value, float)
+    # A cheap scan first (no recursion, no generators): most messages hold no float at
+    # all, so they skip the copy and go straight to cbor2.
+    stack = [value]
+    pop, push_all = stack.pop, stack.extend
+    while stack:
+        item = pop()
+        kind = type(item)
+        if kind is dict:
+            push_all(item.values())
+        elif kind is list:
+            push_all(item)
+        elif kind is float:
+            return True
+    return False
 
 
 def dag_cbor_encode(value: Any) -> bytes:
@@ -135,9 +143,22 @@ def dag_cbor_encode(value: Any) -> bytes:
 # --------------------------------------------------------------------------- CIDs
 
 
+_B32_ALPHABET = "abcdefghijklmnopqrstuvwxyz234567"
+# Every 10-bit value to its two base32 characters: one lookup per 10 bits of input.
+_B32_PAIRS = [a + b for a in _B32_ALPHABET for b in _B32_ALPHABET]
+
+
 def _base32_cid(cid_bytes: bytes) -> str:
-    # multibase 'b': lowercase RFC 4648 base32 without padding
-    return "b" + base64.b32encode(cid_bytes).decode("ascii").lower().rstrip("=")
+    """multibase 'b': lowercase RFC 4648 base32 without padding (hot path: every CID)."""
+    pad = -len(cid_bytes) % 5
+    n = int.from_bytes(cid_bytes + b"\0" * pad, "big")
+    groups = (len(cid_bytes) + pad) // 5 * 4  # 10-bit groups
+    pairs = _B32_PAIRS
+    out = [pairs[(n >> (10 * i)) & 0x3FF] for i in range(groups - 1, -1, -1)]
+    text = "".join(out)
+    # drop the characters that encode only padding
+    keep = (len(cid_bytes) * 8 + 4) // 5
+    return "b" + text[:keep]
 
 
 def cid_from_digest(codec: int, digest: bytes) -> str:

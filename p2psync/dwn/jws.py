@@ -28,8 +28,17 @@ def sign_payload(payload: dict[str, Any], signer: Identity) -> dict[str, Any]:
 
 def signature_kid(entry: dict[str, Any]) -> str:
     """The ``kid`` of one signature entry; 401 when the header is not readable."""
+    protected = entry.get("protected") if isinstance(entry, dict) else None
+    if not isinstance(protected, str):
+        raise DwnError("JwsProtectedHeaderInvalid", "protected header must be a string", 401)
+    return _kid_of(protected)
+
+
+@functools.lru_cache(maxsize=4096)
+def _kid_of(protected: str) -> str:
+    # The same few signers sign many messages: decode each header once.
     try:
-        header = b64url_json(entry["protected"])
+        header = b64url_json(protected)
         kid = header["kid"]
     except (DwnError, KeyError, TypeError) as exc:
         raise DwnError("JwsProtectedHeaderInvalid", "cannot read kid from protected header", 401) from exc

@@ -131,6 +131,7 @@ class RecordsWrite:
         attestation = message.get("attestation")
         self.attesters = [jws.signer_did({"signatures": [s]}) for s in attestation["signatures"]] if attestation else []
         self._entry_id: str | None = None
+        self._cid: str | None = None
 
     # -- derived -------------------------------------------------------------------------
 
@@ -162,7 +163,9 @@ class RecordsWrite:
 
     @property
     def cid(self) -> str:
-        return message_cid(self.message)
+        if self._cid is None:
+            self._cid = message_cid(self.message)
+        return self._cid
 
     # -- parsing -------------------------------------------------------------------------
 
@@ -378,6 +381,7 @@ class RecordsWrite:
         self.author = author
         self.signer = signer.did
         self._entry_id = None
+        self._cid = None
 
     def sign_as_owner(self, signer: Identity) -> None:
         """Add the tenant's owner signature, so a record authored elsewhere can be stored here."""

@@ -10,10 +10,8 @@ Layout choices, measured on these machines (docs/benchmarks.md, FACTS.md):
 
 from __future__ import annotations
 
-import contextlib
 import json
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -114,11 +112,12 @@ class Store:
     def close(self) -> None:
         self.conn.close()
 
-    @contextlib.contextmanager
-    def transaction(self) -> Iterator[None]:
-        """All writes inside commit together or not at all (nests as savepoints)."""
-        with self.conn:
-            yield
+    def transaction(self) -> apsw.Connection:
+        """``with store.transaction():`` — all writes inside commit together or not at all.
+
+        apsw's connection is itself the context manager (nesting becomes savepoints).
+        """
+        return self.conn
 
     # -- tenants -------------------------------------------------------------------------
 

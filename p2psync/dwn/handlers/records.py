@@ -200,8 +200,11 @@ def handle_records_write(ctx: HandlerContext, tenant: str, message: Message, dat
                 stored = _process_without_data(store, tenant, message, newest_existing)
                 is_latest_base_state = True
             indexes = write.construct_indexes(is_latest_base_state)
-            store.messages.put(tenant, stored, indexes)
-            store.events.append(tenant, message_cid(message), indexes)
+            cid = write.cid
+            # A 0-byte record is stored with `encodedData: ""`, which the reference keeps
+            # inside the CID it stores the message under; any other data leaves it unchanged.
+            store.messages.put(tenant, stored, indexes, None if stored.get("encodedData") == "" else cid)
+            store.events.append(tenant, cid, indexes)
             delete_all_older_messages_but_keep_initial_write(store, tenant, existing, message)
     except DwnError as e:
         if e.code in _WRITE_STORAGE_400 or e.code.startswith(("PermissionsProtocolValidate", "SchemaValidator")):
