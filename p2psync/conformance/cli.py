@@ -76,6 +76,8 @@ def _parser() -> argparse.ArgumentParser:
         help="print every mismatch, not the first 10 per scenario",
     )
     run.add_argument("scenarios", nargs="+", help="scenario files or directories of them")
+    author = sub.add_parser("author", help="write the scenarios p2psync itself authors (reverse direction)")
+    author.add_argument("--out", default="interop/scenarios", help="directory (default %(default)s)")
     return parser
 
 
@@ -92,6 +94,12 @@ def _run_one(path: Path, args: argparse.Namespace, workdir: Path) -> ScenarioRep
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status."""
     args = _parser().parse_args(argv)
+    if args.command == "author":
+        from p2psync.conformance.authored import write_scenarios
+
+        for path in write_scenarios(Path(args.out)):
+            print(f"wrote {path}")
+        return EXIT_OK
     files = scenario_files(args.scenarios)
     if not files:
         print("no scenario files given", file=sys.stderr)

@@ -99,6 +99,9 @@ def _normalize(value: Any) -> tuple[Any, bool]:
             items.append(item)
             has_float = has_float or f
         return items, has_float
+    if type(value) is int and not -_JS_MAX_SAFE_INTEGER <= value <= _JS_MAX_SAFE_INTEGER:
+        # A JS number past 2**53 is a double, and the reference encodes it as one.
+        return float(value), True
     if isinstance(value, float):
         if not math.isfinite(value):
             raise DwnError("DagCborInvalidNumber", "NaN and Infinity have no DAG-CBOR form", 400)
@@ -120,7 +123,7 @@ def _has_float(value: Any) -> bool:
             push_all(item.values())
         elif kind is list:
             push_all(item)
-        elif kind is float:
+        elif kind is float or (kind is int and not -_JS_MAX_SAFE_INTEGER <= item <= _JS_MAX_SAFE_INTEGER):
             return True
     return False
 

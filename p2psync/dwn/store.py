@@ -22,13 +22,19 @@ from p2psync.dwn.errors import DwnError
 
 SCHEMA_VERSION = 1
 
-# Columns a filter can be narrowed by in SQL, most selective first.
+# Index properties kept as columns too, so a filter narrows in SQL by every one it names
+# with a plain string (or a list of strings); the rest is matched in Python.
 _NARROWING_COLUMNS = (
     ("recordId", "record_id"),
     ("entryId", "entry_id"),
     ("parentId", "parent_id"),
     ("contextId", "context_id"),
     ("protocol", "protocol"),
+    ("protocolPath", "protocol_path"),
+    ("interface", "interface"),
+    ("method", "method"),
+    ("recipient", "recipient"),
+    ("author", "author"),
 )
 
 _MIGRATIONS: dict[int, str] = {
@@ -48,14 +54,16 @@ _MIGRATIONS: dict[int, str] = {
         body TEXT NOT NULL,          -- the stored message (JSON), encodedData included
         indexes TEXT NOT NULL,       -- the reference's index key-values (JSON)
         interface TEXT, method TEXT, record_id TEXT, entry_id TEXT, parent_id TEXT,
-        context_id TEXT, protocol TEXT
+        context_id TEXT, protocol TEXT, protocol_path TEXT, recipient TEXT, author TEXT
     );
     CREATE UNIQUE INDEX messages_cid ON messages(tenant, cid);
     CREATE INDEX messages_record ON messages(tenant, record_id);
     CREATE INDEX messages_entry ON messages(tenant, entry_id);
     CREATE INDEX messages_parent ON messages(tenant, parent_id);
     CREATE INDEX messages_context ON messages(tenant, context_id);
-    CREATE INDEX messages_protocol ON messages(tenant, protocol);
+    CREATE INDEX messages_protocol ON messages(tenant, protocol, protocol_path);
+    CREATE INDEX messages_method ON messages(tenant, interface, method, protocol);
+    CREATE INDEX messages_recipient ON messages(tenant, recipient);
     CREATE TABLE data(
         id INTEGER PRIMARY KEY,
         tenant INTEGER NOT NULL REFERENCES tenants(id),
@@ -77,6 +85,10 @@ _MIGRATIONS: dict[int, str] = {
     CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
     """,
 }
+
+
+_COLUMN_LIST = ", ".join(column for _, column in _NARROWING_COLUMNS)
+_COLUMN_MARKS = ",".join("?" * len(_NARROWING_COLUMNS))
 
 
 class Store:
@@ -231,20 +243,14 @@ class MessageStore:
         """Store a message under its CID (a repeat put of the same CID is a no-op)."""
         cid = cid or message_cid(message)
         self._s.conn.execute(
-            "INSERT OR IGNORE INTO messages(tenant, cid, body, indexes, interface, method,"
-            " record_id, entry_id, parent_id, context_id, protocol) VALUES(?,?,?,?,?,?,?,?,?,?,?)",
+            f"INSERT OR IGNORE INTO messages(tenant, cid, body, indexes, {_COLUMN_LIST})"
+            f" VALUES(?,?,?,?,{_COLUMN_MARKS})",
             (
                 self._s._tid(tenant),
                 cid,
                 json_compact(message),
                 json_compact(indexes),
-                indexes.get("interface"),
-                indexes.get("method"),
-                _str_or_none(indexes.get("recordId")),
-                _str_or_none(indexes.get("entryId")),
-                _str_or_none(indexes.get("parentId")),
-                _str_or_none(indexes.get("contextId")),
-                _str_or_none(indexes.get("protocol")),
+                *(_str_or_none(indexes.get(prop)) for prop, _ in _NARROWING_COLUMNS),
             ),
         )
 
@@ -284,18 +290,16 @@ class MessageStore:
         found: dict[str, tuple[str, dict[str, Any]]] = {}
         plans: list[tuple[str, list[Any]]] = []
         for flt in filters or [{}]:
+            where, args = ["tenant=?"], [tid]
             for prop, column in _NARROWING_COLUMNS:
                 value = flt.get(prop)
                 if isinstance(value, str):
-                    plans.append((f"SELECT cid, body, indexes FROM messages WHERE tenant=? AND {column}=?", [tid, value]))
-                    break
-                if isinstance(value, list) and all(isinstance(v, str) for v in value):
-                    marks = ",".join("?" * len(value))
-                    plans.append((f"SELECT cid, body, indexes FROM messages WHERE tenant=? AND {column} IN ({marks})", [tid, *value]))
-                    break
-            else:
-                plans = [("SELECT cid, body, indexes FROM messages WHERE tenant=?", [tid])]
-                break
+                    where.append(f"{column}=?")
+                    args.append(value)
+                elif isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+                    where.append(f"{column} IN ({','.join('?' * len(value))})")
+                    args.extend(value)
+            plans.append((f"SELECT cid, body, indexes FROM messages WHERE {' AND '.join(where)}", args))
         for sql, args in plans:
             for cid, body, idx in conn.execute(sql, args):
                 if cid not in found:
