@@ -109,7 +109,7 @@ def fetch_initial_records_write(store: Store, tenant: str, record_id: str) -> Re
 class RecordsWrite:
     """A parsed RecordsWrite, mirroring the reference's class of the same name."""
 
-    def __init__(self, message: Message) -> None:
+    def __init__(self, message: Message, signature_payload: dict[str, Any] | None = None) -> None:
         self.message = message
         authorization = message.get("authorization")
         self.author: str | None = None
@@ -121,7 +121,7 @@ class RecordsWrite:
         if authorization is not None:
             self.author = get_author(message)
             self.signer = get_signer(message)
-            self.signature_payload = jws.decode_payload(authorization["signature"])
+            self.signature_payload = signature_payload or jws.decode_payload(authorization["signature"])
             owner_sig = authorization.get("ownerSignature")
             if owner_sig is not None:
                 self.owner_signature_signer = jws.signer_did(owner_sig)
@@ -173,13 +173,13 @@ class RecordsWrite:
     def parse(cls, message: Message) -> RecordsWrite:
         """Structure and integrity checks of the reference's ``RecordsWrite.parse`` (400s)."""
         authorization = message["authorization"]
-        validate_signature_structure(
+        payload = validate_signature_structure(
             authorization["signature"], message["descriptor"], "RecordsWriteSignaturePayload"
         )
         if "ownerSignature" in authorization:
             validate_signature_structure(authorization["ownerSignature"], message["descriptor"])
         _validate_attestation_integrity(message)
-        write = cls(message)
+        write = cls(message, payload)
         write._validate_integrity()
         return write
 

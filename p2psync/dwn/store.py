@@ -22,6 +22,10 @@ from p2psync.dwn.errors import DwnError
 
 SCHEMA_VERSION = 1
 
+# Checkpoint the WAL every ~40 MB rather than the default ~4 MB: each checkpoint syncs the
+# database file, and with a dozen pages per commit the default checkpoints every ~80 commits.
+WAL_AUTOCHECKPOINT_PAGES = 10_000
+
 # Index properties kept as columns too, so a filter narrows in SQL by every one it names
 # with a plain string (or a list of strings); the rest is matched in Python.
 _NARROWING_COLUMNS = (
@@ -63,7 +67,6 @@ _MIGRATIONS: dict[int, str] = {
     CREATE INDEX messages_context ON messages(tenant, context_id);
     CREATE INDEX messages_protocol ON messages(tenant, protocol, protocol_path);
     CREATE INDEX messages_method ON messages(tenant, interface, method, protocol);
-    CREATE INDEX messages_recipient ON messages(tenant, recipient);
     CREATE TABLE data(
         id INTEGER PRIMARY KEY,
         tenant INTEGER NOT NULL REFERENCES tenants(id),
@@ -87,6 +90,24 @@ _MIGRATIONS: dict[int, str] = {
 }
 
 
+_COLUMNS = dict(_NARROWING_COLUMNS)
+# The SQL indexes, as the properties of their columns after `tenant`, most selective first.
+_INDEX_GROUPS = (
+    ("recordId",),
+    ("entryId",),
+    ("parentId",),
+    ("contextId",),
+    ("protocol", "protocolPath"),
+    ("interface", "method", "protocol"),
+)
+
+
+def _narrowable(value: Any) -> bool:
+    return isinstance(value, str) or (
+        isinstance(value, list) and bool(value) and all(isinstance(v, str) for v in value)
+    )
+
+
 _COLUMN_LIST = ", ".join(column for _, column in _NARROWING_COLUMNS)
 _COLUMN_MARKS = ",".join("?" * len(_NARROWING_COLUMNS))
 
@@ -101,6 +122,7 @@ class Store:
         self.conn.set_busy_timeout(5000)
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute("PRAGMA synchronous=NORMAL")
+        self.conn.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_PAGES}")
         self.conn.execute("PRAGMA foreign_keys=ON")
         self._migrate()
         self._tenant_ids: dict[str, int] = {}
@@ -288,19 +310,26 @@ class MessageStore:
     def _candidates(self, tid: int, filters: list[dict[str, Any]]) -> dict[str, tuple[str, dict[str, Any]]]:
         conn = self._s.conn
         found: dict[str, tuple[str, dict[str, Any]]] = {}
-        plans: list[tuple[str, list[Any]]] = []
         for flt in filters or [{}]:
             where, args = ["tenant=?"], [tid]
-            for prop, column in _NARROWING_COLUMNS:
-                value = flt.get(prop)
-                if isinstance(value, str):
-                    where.append(f"{column}=?")
-                    args.append(value)
-                elif isinstance(value, list) and value and all(isinstance(v, str) for v in value):
-                    where.append(f"{column} IN ({','.join('?' * len(value))})")
-                    args.extend(value)
-            plans.append((f"SELECT cid, body, indexes FROM messages WHERE {' AND '.join(where)}", args))
-        for sql, args in plans:
+            # Narrow by the first index whose leading property the filter names; SQLite has no
+            # statistics to choose between several, and a wrong guess scans the tenant.
+            for group in _INDEX_GROUPS:
+                if not _narrowable(flt.get(group[0])):
+                    continue
+                for prop in group:
+                    value = flt.get(prop)
+                    if not _narrowable(value):
+                        break
+                    column = _COLUMNS[prop]
+                    if isinstance(value, str):
+                        where.append(f"{column}=?")
+                        args.append(value)
+                    else:
+                        where.append(f"{column} IN ({','.join('?' * len(value))})")
+                        args.extend(value)
+                break
+            sql = f"SELECT cid, body, indexes FROM messages WHERE {' AND '.join(where)}"
             for cid, body, idx in conn.execute(sql, args):
                 if cid not in found:
                     found[cid] = (body, json.loads(idx))
@@ -411,17 +440,20 @@ class EventLog:
         self._s = store
 
     def append(self, tenant: str, cid: str, indexes: dict[str, Any]) -> int:
+        """Append an entry; returns its position. Atomic with the caller's transaction."""
         conn = self._s.conn
+        if not conn.in_transaction:
+            with conn:
+                return self.append(tenant, cid, indexes)
         tid = self._s._tid(tenant)
-        with conn:
-            position = int(conn.execute(
-                "UPDATE tenants SET next_position = next_position + 1 WHERE id=? RETURNING next_position - 1",
-                (tid,),
-            ).fetchone()[0])
-            conn.execute(
-                "INSERT INTO events(tenant, position, cid, indexes) VALUES(?,?,?,?)",
-                (tid, position, cid, json_compact(indexes)),
-            )
+        position = int(conn.execute(
+            "UPDATE tenants SET next_position = next_position + 1 WHERE id=? RETURNING next_position - 1",
+            (tid,),
+        ).fetchone()[0])
+        conn.execute(
+            "INSERT INTO events(tenant, position, cid, indexes) VALUES(?,?,?,?)",
+            (tid, position, cid, json_compact(indexes)),
+        )
         return position
 
     def delete_events_by_cid(self, tenant: str, cids: list[str]) -> None:
@@ -448,6 +480,47 @@ class EventLog:
             sql += " LIMIT ?"
             args.append(limit)
         return [(int(p), c) for p, c in self._s.conn.execute(sql, args)]
+
+    def query(
+        self,
+        tenant: str,
+        filters: list[dict[str, Any]],
+        cursor: dict[str, Any] | None = None,
+    ) -> tuple[list[str], dict[str, Any] | None]:
+        """Message CIDs of the events matching any of ``filters``, in log order, after ``cursor``.
+
+        The reference's ``EventLogLevel.queryEvents``: no filters match everything; the reply
+        cursor is the last event returned (``{messageCid, value}``), or None when nothing is.
+        Our ordering key is the event's position, so ``value`` is an integer where the
+        reference's is its ULID watermark (a string). A given cursor is compared as the
+        reference compares its keys: ``encodeValue(value) + NUL + messageCid`` against each
+        event's ``encodeValue(position) + NUL + cid``, so a cursor whose CID was deleted still
+        resumes at the right place, and a string-valued cursor sorts before every position.
+        """
+        tid = self._s.tenant_id(tenant, create=False)
+        if tid is None:
+            return [], None
+        sql = "SELECT position, cid, indexes FROM events WHERE tenant=?"
+        args: list[Any] = [tid]
+        start_key: str | None = None
+        if cursor is not None:
+            value = cursor.get("value")
+            start_key = f"{_encode_sort_value(value)}\x00{cursor.get('messageCid')}"
+            if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 2**53 - 1:
+                # Narrow in SQL: an event before the cursor's position sorts before its key.
+                sql += " AND position>=?"
+                args.append(value)
+        sql += " ORDER BY position"
+        found: list[tuple[int, str]] = []
+        for position, cid, idx in self._s.conn.execute(sql, args):
+            if start_key is not None and f"{_encode_sort_value(position)}\x00{cid}" <= start_key:
+                continue
+            if not filters or match_any_filter(json.loads(idx), filters):
+                found.append((int(position), str(cid)))
+        if not found:
+            return [], None
+        last_position, last_cid = found[-1]
+        return [cid for _, cid in found], {"messageCid": last_cid, "value": last_position}
 
     def stream(self, tenant: str) -> tuple[str, str]:
         """(streamId, epoch) of the tenant's log."""

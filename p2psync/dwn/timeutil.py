@@ -21,6 +21,8 @@ code units), never by parsed instant; :func:`compare_timestamps` does the same.
 
 from __future__ import annotations
 
+import functools
+
 import re
 import time
 from datetime import UTC, datetime
@@ -192,8 +194,13 @@ def parse_timestamp(timestamp: str) -> int:
     return epoch_ns
 
 
+@functools.lru_cache(maxsize=8192)
 def validate_timestamp(timestamp: str) -> None:
-    """Refuse (``TimestampInvalid``, 400) what the reference's ``validateTimestamp`` refuses."""
+    """Refuse (``TimestampInvalid``, 400) what the reference's ``validateTimestamp`` refuses.
+
+    Cached: a write's dateCreated and messageTimestamp are usually one string, and refusals
+    (exceptions) are not cached.
+    """
     parse_timestamp(timestamp)
 
 
