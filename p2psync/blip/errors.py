@@ -1,0 +1,50 @@
+"""Exceptions of the BLIP layer.
+
+Three kinds, kept apart on purpose:
+
+- :class:`ProtocolError`: the peer broke the wire format in a way BLIP treats as fatal (bad
+  varint, checksum mismatch, bad deflate data, bad request numbering, a text frame). The
+  sans-I/O connection enters its ERROR state and the transport closes the WebSocket.
+- :class:`BlipError`: an ERR reply, i.e. the peer refused or failed one request. The
+  connection stays usable.
+- :class:`ConnectionClosed`: the connection ended (cleanly or not) before a request finished.
+"""
+
+from __future__ import annotations
+
+#: The error domain BLIP itself uses (unknown profile, handler failure, ...).
+BLIP_ERROR_DOMAIN = "BLIP"
+
+
+class ProtocolError(Exception):
+    """The peer violated BLIP in a way that ends the connection."""
+
+
+class BlipError(Exception):
+    """An ERR reply: ``domain`` and ``code`` say what failed, ``message`` says it in words.
+
+    Raised by :meth:`Connection.request` when the peer answers with an error, and raised by
+    a request handler to answer with one.
+    """
+
+    def __init__(self, domain: str, code: int, message: str = "") -> None:
+        self.domain = domain
+        self.code = code
+        self.message = message
+        super().__init__(f"{domain} {code}: {message}" if message else f"{domain} {code}")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, BlipError):
+            return NotImplemented
+        return (self.domain, self.code, self.message) == (other.domain, other.code, other.message)
+
+    def __hash__(self) -> int:
+        return hash((self.domain, self.code, self.message))
+
+
+class ConnectionClosed(Exception):
+    """The BLIP connection is closed; ``reason`` says why (one line, for a log or a user)."""
+
+    def __init__(self, reason: str = "connection closed") -> None:
+        self.reason = reason
+        super().__init__(reason)
