@@ -141,8 +141,13 @@ def cmd_write(args: argparse.Namespace) -> int:
         _check(reply, "write")
     finally:
         dwn.close()
-    out = {"recordId": write.record_id, "messageCid": message_cid(write.message), "dataCid": write.descriptor["dataCid"],
-           "dataSize": len(data), "status": reply.code}
+    out = {
+        "recordId": write.record_id,
+        "messageCid": message_cid(write.message),
+        "dataCid": write.descriptor["dataCid"],
+        "dataSize": len(data),
+        "status": reply.code,
+    }
     if "contextId" in write.message:
         out["contextId"] = write.message["contextId"]
     _print_json(out)
@@ -171,7 +176,7 @@ def cmd_read(args: argparse.Namespace) -> int:
 
 def cmd_query(args: argparse.Namespace) -> int:
     from p2psync.dwn.encoding import message_cid
-    from p2psync.dwn.records import create_records_query
+    from p2psync.dwn.records import ALL_RECORDS_FILTER, create_records_query
 
     flt: dict[str, Any] = {}
     for key, value in (("protocol", args.protocol), ("protocolPath", args.protocol_path), ("schema", args.schema),
@@ -180,7 +185,7 @@ def cmd_query(args: argparse.Namespace) -> int:
             flt[key] = value
     identity, dwn = _open_node(args)
     try:
-        message = create_records_query(signer=identity, filter=flt)
+        message = create_records_query(signer=identity, filter=flt or ALL_RECORDS_FILTER)
         reply = dwn.process_message(args.tenant or identity.did, message)
         _check(reply, "query")
     finally:

@@ -89,7 +89,7 @@ def run_demo(out: Any = None) -> int:
         say()
         say("  reading back and verifying")
         ok = True
-        for path, w, data in writes:
+        for _path, w, data in writes:
             read = create_records_read(signer=identity, filter={"recordId": w.record_id})
             reply = dwn.process_message(tenant, read)
             got = reply.data or b""

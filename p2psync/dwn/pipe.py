@@ -56,10 +56,13 @@ def _status(code: int, detail: str) -> dict[str, Any]:
     return {"code": code, "detail": detail}
 
 
+Applier = Callable[[str, Any, bytes | None], dict[str, Any]]
+
+
 class PipeSession:
     """Answers pipe requests against one engine; ``apply`` is served when an applier is given."""
 
-    def __init__(self, dwn: Dwn, apply: Callable[[str, dict[str, Any], bytes | None], dict[str, Any]] | None = None) -> None:
+    def __init__(self, dwn: Dwn, apply: Applier | None = None) -> None:
         self.dwn = dwn
         self.apply = apply
 
@@ -121,7 +124,7 @@ def run_pipe(store_path: str, stdin: IO[str] | None = None, stdout: IO[str] | No
     return 0
 
 
-def _replicated_apply(dwn: Dwn) -> Callable[[str, dict[str, Any], bytes | None], dict[str, Any]] | None:
+def _replicated_apply(dwn: Dwn) -> Applier | None:
     try:
         from p2psync.dwn.replicated import apply_replicated_message_json
     except ImportError:

@@ -11,6 +11,10 @@ from p2psync.dwn.timeutil import now_timestamp
 
 Message = dict[str, Any]
 
+# A RecordsQuery filter must name at least one property; this one admits every record (each
+# was created after 2000), for "list everything".
+ALL_RECORDS_FILTER: dict[str, Any] = {"dateCreated": {"from": "2000-01-01T00:00:00.000000Z"}}
+
 
 def create_authorization(
     descriptor: dict[str, Any],

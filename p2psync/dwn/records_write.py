@@ -190,23 +190,27 @@ class RecordsWrite:
             if d["messageTimestamp"] != d["dateCreated"]:
                 raise DwnError(
                     "RecordsWriteValidateIntegrityDateCreatedMismatch",
-                    f"messageTimestamp {d['messageTimestamp']} must match dateCreated {d['dateCreated']} for the initial write",
+                    f"messageTimestamp {d['messageTimestamp']} must match dateCreated {d['dateCreated']}"
+                    " for the initial write",
                 )
             if "protocol" in d and "parentId" not in d and message.get("contextId") != self.entry_id:
                 raise DwnError(
                     "RecordsWriteValidateIntegrityContextIdMismatch",
-                    f"contextId in message: {message.get('contextId')} does not match deterministic contextId: {self.entry_id}",
+                    f"contextId in message: {message.get('contextId')} does not match deterministic"
+                    f" contextId: {self.entry_id}",
                 )
         payload = self.signature_payload or {}
         if message.get("recordId") != payload.get("recordId"):
             raise DwnError(
                 "RecordsWriteValidateIntegrityRecordIdUnauthorized",
-                f"recordId in message {message.get('recordId')} does not match recordId in authorization: {payload.get('recordId')}",
+                f"recordId in message {message.get('recordId')} does not match recordId in authorization:"
+                f" {payload.get('recordId')}",
             )
         if message.get("contextId") != payload.get("contextId"):
             raise DwnError(
                 "RecordsWriteValidateIntegrityContextIdNotInSignerSignaturePayload",
-                f"contextId in message {message.get('contextId')} does not match contextId in authorization: {payload.get('contextId')}",
+                f"contextId in message {message.get('contextId')} does not match contextId in authorization:"
+                f" {payload.get('contextId')}",
             )
         records_util.validate_delegated_grant_referential_integrity(
             message, payload, self.owner_signature_payload
@@ -216,14 +220,16 @@ class RecordsWrite:
             if payload["attestationCid"] != expected:
                 raise DwnError(
                     "RecordsWriteValidateIntegrityAttestationMismatch",
-                    f"CID {expected} of attestation property in message does not match attestationCid in authorization: {payload['attestationCid']}",
+                    f"CID {expected} of attestation property in message does not match attestationCid in"
+                    f" authorization: {payload['attestationCid']}",
                 )
         if "encryptionCid" in payload:
             expected = compute_cid(message.get("encryption"))
             if payload["encryptionCid"] != expected:
                 raise DwnError(
                     "RecordsWriteValidateIntegrityEncryptionCidMismatch",
-                    f"CID {expected} of encryption property in message does not match encryptionCid in authorization: {payload['encryptionCid']}",
+                    f"CID {expected} of encryption property in message does not match encryptionCid in"
+                    f" authorization: {payload['encryptionCid']}",
                 )
         if "protocol" in d:
             urls.validate_protocol_url_normalized(d["protocol"])

@@ -131,7 +131,7 @@ class Store:
         self.events = EventLog(self)
 
     def _migrate(self) -> None:
-        version = self.conn.execute("PRAGMA user_version").fetchone()[0]
+        version = self.scalar("PRAGMA user_version")
         if version > SCHEMA_VERSION:
             raise DwnError(
                 "StoreSchemaTooNew",
@@ -145,6 +145,13 @@ class Store:
 
     def close(self) -> None:
         self.conn.close()
+
+    def scalar(self, sql: str, args: tuple[Any, ...] = ()) -> Any:
+        """The first column of the first row a statement returns."""
+        row = self.conn.execute(sql, args).fetchone()
+        if row is None:
+            raise DwnError("StoreInternal", f"no row from {sql.split()[0]}", 500)
+        return row[0]
 
     def transaction(self) -> apsw.Connection:
         """``with store.transaction():`` — all writes inside commit together or not at all.
@@ -281,7 +288,7 @@ class MessageStore:
         if tid is None:
             return None
         row = self._s.conn.execute("SELECT body FROM messages WHERE tenant=? AND cid=?", (tid, cid)).fetchone()
-        return None if row is None else json.loads(row[0])  # type: ignore[no-any-return]
+        return None if row is None else json.loads(row[0])
 
     def has(self, tenant: str, cid: str) -> bool:
         tid = self._s.tenant_id(tenant, create=False)
@@ -299,7 +306,7 @@ class MessageStore:
         tid = self._s.tenant_id(tenant, create=False)
         if tid is None:
             return 0
-        return int(self._s.conn.execute("SELECT count(*) FROM messages WHERE tenant=?", (tid,)).fetchone()[0])
+        return int(self._s.scalar("SELECT count(*) FROM messages WHERE tenant=?", (tid,)))
 
     def cids(self, tenant: str) -> list[str]:
         tid = self._s.tenant_id(tenant, create=False)
@@ -311,7 +318,8 @@ class MessageStore:
         conn = self._s.conn
         found: dict[str, tuple[str, dict[str, Any]]] = {}
         for flt in filters or [{}]:
-            where, args = ["tenant=?"], [tid]
+            where: list[str] = ["tenant=?"]
+            args: list[Any] = [tid]
             # Narrow by the first index whose leading property the filter names; SQLite has no
             # statistics to choose between several, and a wrong guess scans the tenant.
             for group in _INDEX_GROUPS:
@@ -325,7 +333,7 @@ class MessageStore:
                     if isinstance(value, str):
                         where.append(f"{column}=?")
                         args.append(value)
-                    else:
+                    elif isinstance(value, list):
                         where.append(f"{column} IN ({','.join('?' * len(value))})")
                         args.extend(value)
                 break
@@ -379,7 +387,7 @@ class MessageStore:
             matched = matched[:limit]
             last_cid = matched[-1][0].rsplit("\x00", 1)[1]
             value = matched[-1][2][sort_prop]
-            if isinstance(value, bool) or isinstance(value, list):
+            if isinstance(value, bool | list):
                 raise DwnError("IndexInvalidCursorValueType", "only string or number values are supported for cursors")
             next_cursor = {"messageCid": last_cid, "value": value}
         return [json.loads(body) for _, body, _ in matched], next_cursor
@@ -428,6 +436,22 @@ class DataStore:
             )
 
 
+def _filter_needles(flt: dict[str, Any]) -> list[list[str]]:
+    """Substrings the stored JSON of any indexes matching ``flt`` must contain.
+
+    One group per string-valued equality (or all-string one-of) property: an index equal to
+    such a value holds it verbatim, JSON-encoded the same way, so at least one needle of each
+    group occurs in its text. A cheap test that lets a log scan skip most ``json.loads``.
+    """
+    groups: list[list[str]] = []
+    for value in flt.values():
+        if isinstance(value, str):
+            groups.append([json_compact(value)])
+        elif isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+            groups.append([json_compact(v) for v in value])
+    return groups
+
+
 class EventLog:
     """Per-tenant append-only log of stored messages with increasing integer positions.
 
@@ -446,10 +470,9 @@ class EventLog:
             with conn:
                 return self.append(tenant, cid, indexes)
         tid = self._s._tid(tenant)
-        position = int(conn.execute(
-            "UPDATE tenants SET next_position = next_position + 1 WHERE id=? RETURNING next_position - 1",
-            (tid,),
-        ).fetchone()[0])
+        position = int(self._s.scalar(
+            "UPDATE tenants SET next_position = next_position + 1 WHERE id=? RETURNING next_position - 1", (tid,)
+        ))
         conn.execute(
             "INSERT INTO events(tenant, position, cid, indexes) VALUES(?,?,?,?)",
             (tid, position, cid, json_compact(indexes)),
@@ -511,10 +534,13 @@ class EventLog:
                 sql += " AND position>=?"
                 args.append(value)
         sql += " ORDER BY position"
+        needles = [_filter_needles(f) for f in filters]
         found: list[tuple[int, str]] = []
         for position, cid, idx in self._s.conn.execute(sql, args):
             if start_key is not None and f"{_encode_sort_value(position)}\x00{cid}" <= start_key:
                 continue
+            if filters and not any(all(any(n in idx for n in group) for group in g) for g in needles):
+                continue  # no filter can match: skip decoding the indexes
             if not filters or match_any_filter(json.loads(idx), filters):
                 found.append((int(position), str(cid)))
         if not found:
@@ -527,10 +553,11 @@ class EventLog:
         row = self._s.conn.execute(
             "SELECT stream_id, epoch FROM tenants WHERE id=?", (self._s._tid(tenant),)
         ).fetchone()
+        assert row is not None  # _tid created the tenant
         return str(row[0]), str(row[1])
 
     def count(self, tenant: str) -> int:
         tid = self._s.tenant_id(tenant, create=False)
         if tid is None:
             return 0
-        return int(self._s.conn.execute("SELECT count(*) FROM events WHERE tenant=?", (tid,)).fetchone()[0])
+        return int(self._s.scalar("SELECT count(*) FROM events WHERE tenant=?", (tid,)))

@@ -22,7 +22,6 @@ code units), never by parsed instant; :func:`compare_timestamps` does the same.
 from __future__ import annotations
 
 import functools
-
 import re
 import time
 from datetime import UTC, datetime

@@ -19,11 +19,8 @@ from hypothesis import strategies as st
 from p2psync.dwn.did import Identity
 from p2psync.dwn.encoding import message_cid
 from p2psync.dwn.engine import Dwn
-from p2psync.dwn.records import create_records_delete, create_records_query
+from p2psync.dwn.records import ALL_RECORDS_FILTER, create_records_delete, create_records_query
 from p2psync.dwn.records_write import RecordsWrite
-
-# A RecordsQuery filter must name something; every record was created after 2000.
-EVERYTHING = {"dateCreated": {"from": "2000-01-01T00:00:00.000000Z"}}
 from p2psync.dwn.store import Store
 
 OWNER = Identity.generate("key")
@@ -95,7 +92,7 @@ def mutated(draw: st.DrawFn) -> tuple[dict[str, Any], bytes | None]:
 
 def _view(dwn: Dwn) -> dict[str, Any]:
     """Everything a client could observe about the owner's records."""
-    reply = dwn.process_message(OWNER.did, create_records_query(signer=OWNER, filter=EVERYTHING))
+    reply = dwn.process_message(OWNER.did, create_records_query(signer=OWNER, filter=ALL_RECORDS_FILTER))
     assert reply.code == 200, reply.detail
     entries = sorted(json.dumps(e, sort_keys=True) for e in reply.entries or [])
     return {
@@ -108,7 +105,9 @@ def _view(dwn: Dwn) -> dict[str, Any]:
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(mutated(), min_size=1, max_size=4))
-def test_mutated_messages_never_damage_the_store(tmp_path_factory: Any, batch: list[tuple[dict[str, Any], bytes | None]]) -> None:
+def test_mutated_messages_never_damage_the_store(
+    tmp_path_factory: Any, batch: list[tuple[dict[str, Any], bytes | None]]
+) -> None:
     root = Path(tmp_path_factory.mktemp("mut"))
     seen, clean = Dwn(Store(root / "seen.db")), Dwn(Store(root / "clean.db"))
     try:

@@ -11,11 +11,8 @@ from pathlib import Path
 from p2psync.dwn.did import Identity
 from p2psync.dwn.encoding import b64url_encode, message_cid
 from p2psync.dwn.pipe import run_pipe
-from p2psync.dwn.records import create_records_query, create_records_read
+from p2psync.dwn.records import ALL_RECORDS_FILTER, create_records_query, create_records_read
 from p2psync.dwn.records_write import RecordsWrite
-
-# A RecordsQuery filter must name something; every record was created after 2000.
-EVERYTHING = {"dateCreated": {"from": "2000-01-01T00:00:00.000000Z"}}
 
 
 def _run(tmp_path: Path, lines: list[str]) -> list[dict[str, object]]:
@@ -50,7 +47,8 @@ def test_query_and_read_replies(tmp_path: Path, alice: Identity) -> None:
     w = RecordsWrite.create(signer=alice, data=data, data_format="application/octet-stream")
     lines = [
         json.dumps({"op": "process", "tenant": alice.did, "message": w.message, "data": b64url_encode(data)}),
-        json.dumps({"op": "query", "tenant": alice.did, "message": create_records_query(signer=alice, filter=EVERYTHING)}),
+        json.dumps({"op": "query", "tenant": alice.did,
+                    "message": create_records_query(signer=alice, filter=ALL_RECORDS_FILTER)}),
         json.dumps({"op": "process", "tenant": alice.did,
                     "message": create_records_read(signer=alice, filter={"recordId": w.record_id})}),
     ]

@@ -56,6 +56,13 @@ _WRITE_STORAGE_400 = frozenset(
 )
 
 
+def _did(value: str | None) -> str:
+    """A DID that authentication has already established (so never None here)."""
+    if value is None:
+        raise DwnError("AuthenticateJwsMissing", "Missing JWS.", 401)
+    return value
+
+
 # --------------------------------------------------------------------------- parsing
 
 
@@ -188,7 +195,9 @@ def handle_records_write(ctx: HandlerContext, tenant: str, message: Message, dat
     try:
         with store.transaction():
             if newest_existing is not None and newest_existing["descriptor"]["method"] == "Delete":
-                raise DwnError("RecordsWriteNotAllowedAfterDelete", "RecordsWrite is not allowed after a RecordsDelete.")
+                raise DwnError(
+                    "RecordsWriteNotAllowedAfterDelete", "RecordsWrite is not allowed after a RecordsDelete."
+                )
             permissions.validate_revocation_protocol_tag(tenant, store, message)
             is_latest_base_state = False
             stored: Message = message
@@ -215,7 +224,9 @@ def handle_records_write(ctx: HandlerContext, tenant: str, message: Message, dat
     return Reply(202, "Accepted")
 
 
-def _validate_data_integrity(expected_cid: str, expected_size: int, actual_cid: str | None, actual_size: int | None) -> None:
+def _validate_data_integrity(
+    expected_cid: str, expected_size: int, actual_cid: str | None, actual_size: int | None
+) -> None:
     if expected_cid != actual_cid:
         raise DwnError(
             "RecordsWriteDataCidMismatch",
@@ -269,11 +280,13 @@ def _authorize_records_write(tenant: str, write: RecordsWrite, store: Store) -> 
         )
     if write.is_signed_by_author_delegate:
         grant = permissions.PermissionGrant.parse(write.message["authorization"]["authorDelegatedGrant"])
-        grant_authorization.authorize_records_write(write.message, write.author, write.signer, grant, store)
+        grant_authorization.authorize_records_write(
+            write.message, _did(write.author), _did(write.signer), grant, store
+        )
     if write.is_signed_by_owner_delegate:
         grant = permissions.PermissionGrant.parse(write.message["authorization"]["ownerDelegatedGrant"])
         grant_authorization.authorize_records_write(
-            write.message, write.owner, write.owner_signature_signer, grant, store
+            write.message, _did(write.owner), _did(write.owner_signature_signer), grant, store
         )
     payload = write.signature_payload or {}
     if write.owner is not None or write.author == tenant:
@@ -323,7 +336,9 @@ def handle_records_delete(ctx: HandlerContext, tenant: str, message: Message) ->
 def _authorize_records_delete(tenant: str, delete: GenericMessage, initial: RecordsWrite, store: Store) -> None:
     if delete.is_signed_by_author_delegate:
         grant = permissions.PermissionGrant.parse(delete.message["authorization"]["authorDelegatedGrant"])
-        grant_authorization.authorize_records_delete(delete.message, initial.message, delete.author, delete.signer, grant, store)
+        grant_authorization.authorize_records_delete(
+            delete.message, initial.message, _did(delete.author), _did(delete.signer), grant, store
+        )
     if delete.author == tenant:
         return
     if "protocol" in initial.descriptor:
@@ -426,7 +441,9 @@ def handle_records_read(ctx: HandlerContext, tenant: str, message: Message) -> R
 def _authorize_records_read(tenant: str, read: GenericMessage, matched: RecordsWrite, store: Store) -> None:
     if read.is_signed_by_author_delegate:
         grant = permissions.PermissionGrant.parse(read.message["authorization"]["authorDelegatedGrant"])
-        grant_authorization.authorize_records_read(read.message, matched.message, read.author, read.signer, grant, store)
+        grant_authorization.authorize_records_read(
+            read.message, matched.message, _did(read.author), _did(read.signer), grant, store
+        )
     d = matched.descriptor
     payload = read.signature_payload or {}
     if read.author == tenant:
@@ -529,6 +546,8 @@ def handle_records_query(ctx: HandlerContext, tenant: str, message: Message) -> 
 def _authorize_records_query(tenant: str, query: GenericMessage, store: Store) -> None:
     if query.is_signed_by_author_delegate:
         grant = permissions.PermissionGrant.parse(query.message["authorization"]["authorDelegatedGrant"])
-        grant_authorization.authorize_records_query_or_subscribe(query.message, query.author, query.signer, grant, store)
+        grant_authorization.authorize_records_query_or_subscribe(
+            query.message, _did(query.author), _did(query.signer), grant, store
+        )
     if "protocolRole" in (query.signature_payload or {}):
         protocol_authorization.authorize_query_or_subscribe(tenant, query, store)
