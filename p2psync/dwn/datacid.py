@@ -24,10 +24,11 @@ Everything here is built by hand: hashing dominates, so large data goes at sha25
 
 from __future__ import annotations
 
-import base64
+
 import hashlib
 from dataclasses import dataclass
 from typing import Final
+from p2psync.dwn.encoding import base32_multibase
 
 #: Chunk size of the importer's default fixed-size chunker (ipfs-unixfs-importer 15.1.5).
 CHUNK_SIZE: Final = 262_144
@@ -60,7 +61,7 @@ def _varint(value: int) -> bytes:
 
 def _cid_string(cid: bytes) -> str:
     """Multibase base32 (``b`` + lowercase RFC 4648 alphabet, no padding)."""
-    return "b" + base64.b32encode(cid).decode("ascii").lower().rstrip("=")
+    return base32_multibase(cid)
 
 
 @dataclass(frozen=True, slots=True)

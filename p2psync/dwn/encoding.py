@@ -151,7 +151,7 @@ _B32_ALPHABET = "abcdefghijklmnopqrstuvwxyz234567"
 _B32_PAIRS = [a + b for a in _B32_ALPHABET for b in _B32_ALPHABET]
 
 
-def _base32_cid(cid_bytes: bytes) -> str:
+def base32_multibase(cid_bytes: bytes) -> str:
     """multibase 'b': lowercase RFC 4648 base32 without padding (hot path: every CID)."""
     pad = -len(cid_bytes) % 5
     n = int.from_bytes(cid_bytes + b"\0" * pad, "big")
@@ -166,12 +166,12 @@ def _base32_cid(cid_bytes: bytes) -> str:
 
 def cid_from_digest(codec: int, digest: bytes) -> str:
     """CIDv1 string for a sha2-256 digest under ``codec``."""
-    return _base32_cid(bytes([0x01, codec, MULTIHASH_SHA2_256, 0x20]) + digest)
+    return base32_multibase(bytes([0x01, codec, MULTIHASH_SHA2_256, 0x20]) + digest)
 
 
 def cid_of_bytes(encoded: bytes) -> str:
     """CIDv1 of already DAG-CBOR-encoded bytes."""
-    return _base32_cid(_CIDV1_DAG_CBOR_PREFIX + hashlib.sha256(encoded).digest())
+    return base32_multibase(_CIDV1_DAG_CBOR_PREFIX + hashlib.sha256(encoded).digest())
 
 
 def compute_cid(value: Any) -> str:
@@ -188,7 +188,7 @@ def message_cid(message: dict[str, Any]) -> str:
 
 def raw_cid(data: bytes) -> str:
     """CIDv1(raw, sha2-256) of bytes."""
-    return _base32_cid(_CIDV1_RAW_PREFIX + hashlib.sha256(data).digest())
+    return base32_multibase(_CIDV1_RAW_PREFIX + hashlib.sha256(data).digest())
 
 
 _CID_STRING_RE = re.compile(r"b[a-z2-7]+")

@@ -188,6 +188,18 @@ class Store:
         assert tid is not None
         return tid
 
+    # -- replicated apply support (issue #3) ------------------------------------------------
+
+    def is_tenant_active(self, did: str) -> bool:
+        """False only for a tenant this store holds and has disabled (``tenants.active = 0``)."""
+        row = self.conn.execute("SELECT active FROM tenants WHERE did=?", (did,)).fetchone()
+        return row is None or bool(row[0])
+
+    def set_tenant_active(self, did: str, active: bool) -> None:
+        """Enable or disable a tenant; a disabled tenant's replicated messages are deferred."""
+        with self.conn:
+            self.conn.execute("UPDATE tenants SET active=? WHERE id=?", (int(active), self._tid(did)))
+
 
 def _encode_sort_value(value: Any) -> str:
     """The reference's ``IndexLevel.encodeValue``: numbers zero-padded, others as JSON."""
@@ -268,8 +280,18 @@ class MessageStore:
     def __init__(self, store: Store) -> None:
         self._s = store
 
-    def put(self, tenant: str, message: dict[str, Any], indexes: dict[str, Any], cid: str | None = None) -> None:
-        """Store a message under its CID (a repeat put of the same CID is a no-op)."""
+    def put(
+        self,
+        tenant: str,
+        message: dict[str, Any],
+        indexes: dict[str, Any],
+        cid: str | None = None,
+        indexes_json: str | None = None,
+    ) -> None:
+        """Store a message under its CID (a repeat put of the same CID is a no-op).
+
+        ``indexes_json`` may carry the already-serialized indexes (the event log needs them too).
+        """
         cid = cid or message_cid(message)
         self._s.conn.execute(
             f"INSERT OR IGNORE INTO messages(tenant, cid, body, indexes, {_COLUMN_LIST})"
@@ -278,7 +300,7 @@ class MessageStore:
                 self._s._tid(tenant),
                 cid,
                 json_compact(message),
-                json_compact(indexes),
+                indexes_json or json_compact(indexes),
                 *(_str_or_none(indexes.get(prop)) for prop, _ in _NARROWING_COLUMNS),
             ),
         )
@@ -313,6 +335,16 @@ class MessageStore:
         if tid is None:
             return []
         return [r[0] for r in self._s.conn.execute("SELECT cid FROM messages WHERE tenant=?", (tid,))]
+
+    # -- replicated apply support (issue #3) ------------------------------------------------
+
+    def get_indexes(self, tenant: str, cid: str) -> dict[str, Any] | None:
+        """The index key-values a stored message was put under (None when it is not stored)."""
+        tid = self._s.tenant_id(tenant, create=False)
+        if tid is None:
+            return None
+        row = self._s.conn.execute("SELECT indexes FROM messages WHERE tenant=? AND cid=?", (tid, cid)).fetchone()
+        return None if row is None else json.loads(row[0])  # type: ignore[no-any-return]
 
     def _candidates(self, tid: int, filters: list[dict[str, Any]]) -> dict[str, tuple[str, dict[str, Any]]]:
         conn = self._s.conn
@@ -452,6 +484,21 @@ def _filter_needles(flt: dict[str, Any]) -> list[list[str]]:
     return groups
 
 
+
+def _may_match(text: str, needles: list[list[list[str]]]) -> bool:
+    """Whether some filter's needle groups all occur in ``text`` (loops: hot in log scans)."""
+    for groups in needles:
+        for group in groups:
+            for needle in group:
+                if needle in text:
+                    break
+            else:
+                break  # this group has no needle in the text: the filter cannot match
+        else:
+            return True
+    return False
+
+
 class EventLog:
     """Per-tenant append-only log of stored messages with increasing integer positions.
 
@@ -463,19 +510,19 @@ class EventLog:
     def __init__(self, store: Store) -> None:
         self._s = store
 
-    def append(self, tenant: str, cid: str, indexes: dict[str, Any]) -> int:
+    def append(self, tenant: str, cid: str, indexes: dict[str, Any], indexes_json: str | None = None) -> int:
         """Append an entry; returns its position. Atomic with the caller's transaction."""
         conn = self._s.conn
         if not conn.in_transaction:
             with conn:
-                return self.append(tenant, cid, indexes)
+                return self.append(tenant, cid, indexes, indexes_json)
         tid = self._s._tid(tenant)
         position = int(self._s.scalar(
             "UPDATE tenants SET next_position = next_position + 1 WHERE id=? RETURNING next_position - 1", (tid,)
         ))
         conn.execute(
             "INSERT INTO events(tenant, position, cid, indexes) VALUES(?,?,?,?)",
-            (tid, position, cid, json_compact(indexes)),
+            (tid, position, cid, indexes_json or json_compact(indexes)),
         )
         return position
 
@@ -539,7 +586,7 @@ class EventLog:
         for position, cid, idx in self._s.conn.execute(sql, args):
             if start_key is not None and f"{_encode_sort_value(position)}\x00{cid}" <= start_key:
                 continue
-            if filters and not any(all(any(n in idx for n in group) for group in g) for g in needles):
+            if filters and not _may_match(idx, needles):
                 continue  # no filter can match: skip decoding the indexes
             if not filters or match_any_filter(json.loads(idx), filters):
                 found.append((int(position), str(cid)))
@@ -547,6 +594,20 @@ class EventLog:
             return [], None
         last_position, last_cid = found[-1]
         return [cid for _, cid in found], {"messageCid": last_cid, "value": last_position}
+
+    # -- replicated apply support (issue #3) ------------------------------------------------
+
+    def ensure_entry(self, tenant: str, cid: str, indexes: dict[str, Any]) -> tuple[int, bool]:
+        """The position of ``cid``'s entry, appending one first when the log lacks it.
+
+        Returns (position, appended). Repairs a stored message whose log entry is missing, so
+        a peer pulling this log sees it; an existing entry is never duplicated.
+        """
+        with self._s.conn:
+            position = self.position_of(tenant, cid)
+            if position is not None:
+                return position, False
+            return self.append(tenant, cid, indexes), True
 
     def stream(self, tenant: str) -> tuple[str, str]:
         """(streamId, epoch) of the tenant's log."""

@@ -11,7 +11,7 @@ from typing import Any
 
 from p2psync.dwn import grant_authorization, permissions, protocol_authorization, records_util
 from p2psync.dwn.datacid import data_cid as compute_data_cid
-from p2psync.dwn.encoding import b64url_decode, b64url_encode, message_cid
+from p2psync.dwn.encoding import b64url_decode, b64url_encode, json_compact, message_cid
 from p2psync.dwn.errors import DwnError
 from p2psync.dwn.message import (
     GenericMessage,
@@ -212,8 +212,9 @@ def handle_records_write(ctx: HandlerContext, tenant: str, message: Message, dat
             cid = write.cid
             # A 0-byte record is stored with `encodedData: ""`, which the reference keeps
             # inside the CID it stores the message under; any other data leaves it unchanged.
-            store.messages.put(tenant, stored, indexes, None if stored.get("encodedData") == "" else cid)
-            store.events.append(tenant, cid, indexes)
+            indexes_json = json_compact(indexes)
+            store.messages.put(tenant, stored, indexes, None if stored.get("encodedData") == "" else cid, indexes_json)
+            store.events.append(tenant, cid, indexes, indexes_json)
             delete_all_older_messages_but_keep_initial_write(store, tenant, existing, message)
     except DwnError as e:
         if e.code in _WRITE_STORAGE_400 or e.code.startswith(("PermissionsProtocolValidate", "SchemaValidator")):
