@@ -24,10 +24,10 @@ Everything here is built by hand: hashing dominates, so large data goes at sha25
 
 from __future__ import annotations
 
-
 import hashlib
 from dataclasses import dataclass
 from typing import Final
+
 from p2psync.dwn.encoding import base32_multibase
 
 #: Chunk size of the importer's default fixed-size chunker (ipfs-unixfs-importer 15.1.5).

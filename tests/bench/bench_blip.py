@@ -213,10 +213,7 @@ def write_section(section: str) -> None:
     """Replace (or add) the ``## BLIP`` section of docs/benchmarks.md, leaving the rest."""
     text = BENCHMARKS_MD.read_text() if BENCHMARKS_MD.exists() else "# Benchmarks\n\n"
     pattern = re.compile(r"^## BLIP\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section + "\n", text)
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
+    text = pattern.sub(lambda _: section + "\n", text) if pattern.search(text) else text.rstrip("\n") + "\n\n" + section
     BENCHMARKS_MD.parent.mkdir(parents=True, exist_ok=True)
     BENCHMARKS_MD.write_text(text.rstrip("\n") + "\n")
 
