@@ -17,12 +17,13 @@ import { ScenarioBuilder, serializeScenario } from './lib/scenario.mjs';
 import { scenarios as recordScenarios } from './lib/scenarios-records.mjs';
 import { scenarios as protocolScenarios } from './lib/scenarios-protocols.mjs';
 import { scenarios as permissionScenarios } from './lib/scenarios-permissions.mjs';
+import { scenarios as messageScenarios } from './lib/scenarios-messages.mjs';
 
 // Library warnings must not interleave with our report.
 console.warn = () => {};
 
 const HERE = dirname(fileURLToPath(import.meta.url));
-const ALL = [...recordScenarios, ...protocolScenarios, ...permissionScenarios];
+const ALL = [...recordScenarios, ...protocolScenarios, ...permissionScenarios, ...messageScenarios];
 
 // Timestamps that leak from the wall clock would make files non-reproducible and could
 // change behaviour when replayed later; every authored timestamp must be on the 2024 clock.

@@ -128,6 +128,11 @@ export async function handleRequest(dwn, request) {
   if (op === 'query') {
     const entries = [];
     for (const entry of Array.isArray(reply.entries) ? reply.entries : []) {
+      // MessagesQuery lists event-log entries as bare message CIDs.
+      if (typeof entry === 'string') {
+        entries.push({ cid: entry });
+        continue;
+      }
       const item = {};
       if (typeof entry.recordId === 'string') {
         item.recordId = entry.recordId;

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from p2psync.dwn import schemas
 from p2psync.dwn.errors import DwnError
@@ -17,13 +17,16 @@ from p2psync.dwn.handlers import records
 from p2psync.dwn.reply import HandlerContext, Reply, reply_from_error
 from p2psync.dwn.store import Store
 
+if TYPE_CHECKING:
+    from p2psync.dwn.replication_types import ReplicationApplyResult
+
 log = logging.getLogger(__name__)
 
 TenantGate = Callable[[str], bool]
 
 
 def _handlers() -> dict[str, Callable[..., Reply]]:
-    from p2psync.dwn.handlers import protocols
+    from p2psync.dwn.handlers import messages, protocols
 
     return {
         "RecordsWrite": records.handle_records_write,
@@ -32,6 +35,10 @@ def _handlers() -> dict[str, Callable[..., Reply]]:
         "RecordsQuery": records.handle_records_query,
         "ProtocolsConfigure": protocols.handle_protocols_configure,
         "ProtocolsQuery": protocols.handle_protocols_query,
+        "RecordsSubscribe": messages.handle_records_subscribe,
+        "MessagesQuery": messages.handle_messages_query,
+        "MessagesRead": messages.handle_messages_read,
+        "MessagesSubscribe": messages.handle_messages_subscribe,
     }
 
 
@@ -71,6 +78,12 @@ class Dwn:
         except DwnError as e:
             return reply_from_error(e, 400)
         return None
+
+    def apply_replicated_message(self, tenant: str, message: Any, data: bytes | None = None) -> ReplicationApplyResult:
+        """Apply a message that came from another replica; see :mod:`p2psync.dwn.replicated`."""
+        from p2psync.dwn.replicated import apply_replicated_message
+
+        return apply_replicated_message(self, tenant, message, data)
 
     def process_message(self, tenant: str, message: Any, data: bytes | None = None) -> Reply:
         """Process one message (with its data for a RecordsWrite) and answer like the reference."""

@@ -42,6 +42,8 @@ def _safe_cid(message: Any) -> str | None:
 
 
 def _entry_summary(entry: dict[str, Any]) -> dict[str, Any]:
+    if set(entry) == {"cid"}:  # a MessagesQuery entry is already the logged message's CID
+        return {"cid": entry["cid"]}
     stored = {k: v for k, v in entry.items() if k not in ("encodedData", "initialWrite")}
     out: dict[str, Any] = {}
     if "recordId" in entry:
