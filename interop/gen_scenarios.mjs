@@ -64,9 +64,10 @@ async function main() {
   const selected = args.only.length === 0 ? ALL : ALL.filter((s) => args.only.some((o) => s.name.includes(o)));
   mkdirSync(args.out, { recursive: true });
   if (args.only.length === 0) {
-    // a full run owns the directory: drop files of scenarios that no longer exist
+    // a full run owns its files: drop those of scenarios that no longer exist, but leave the
+    // ones p2psync authors (`python -m p2psync.conformance author`) alone
     for (const f of readdirSync(args.out)) {
-      if (f.endsWith('.json')) {
+      if (f.endsWith('.json') && !f.startsWith('p2psync-authored-')) {
         rmSync(join(args.out, f));
       }
     }
