@@ -292,8 +292,10 @@ class BlipConnection:
         self._out_replies: dict[int, _Outgoing] = {}
         self._unfinished = 0  # outgoing messages whose last frame has not left
         self._outbox: deque[_Outgoing] = deque()
-        # ACKs due, keyed by (ack type, number); each reports the count current when it leaves.
-        self._acks: dict[tuple[int, int], _Incoming] = {}
+        # ACKs due, as (ack type, number, count): one per crossing of an ACK_INTERVAL multiple,
+        # carrying the count at the crossing frame (what the spec says, and what a strict
+        # peer checks). A frame is smaller than the interval, so a frame makes at most one.
+        self._acks: list[tuple[int, int, int]] = []
         self._finished: list[tuple[int, int]] = []  # (type, number) whose last frame left
         # Incoming side.
         self._last_request_in = 0  # number of the last request the peer started
@@ -419,8 +421,8 @@ class BlipConnection:
             return out
         if self._acks:
             encode_ack = self._encoder.encode_ack
-            for (ack_type, number), incoming in self._acks.items():
-                out.append(encode_ack(number, ack_type | URGENT | NO_REPLY, incoming.credited))
+            for ack_type, number, count in self._acks:
+                out.append(encode_ack(number, ack_type | URGENT | NO_REPLY, count))
             self._acks.clear()
         outbox = self._outbox
         encode = self._encoder.encode
@@ -737,7 +739,7 @@ class BlipConnection:
         after = incoming.credited = before + size
         if after // ACK_INTERVAL != before // ACK_INTERVAL:
             ack_type = ACK_MSG if incoming.type == MSG else ACK_RPY
-            self._acks[(ack_type, incoming.number)] = incoming
+            self._acks.append((ack_type, incoming.number, after))
 
     def _receive_ack(self, mtype: int, number: int, flags: int, body: bytes) -> list[Event]:
         table = self._out_requests if mtype == ACK_MSG else self._out_replies

@@ -87,7 +87,8 @@ async def echo_peer_url(tmp_path: Path) -> AsyncIterator[str]:
 
 
 async def test_echo_peer_passes_the_independent_client(echo_peer_url: str) -> None:
-    code, lines = await run_client(echo_peer_url)
+    # --strict-acks: one ACK per crossing of a 50,000-byte multiple, with the count at it.
+    code, lines = await run_client(echo_peer_url, "--strict-acks")
     failures = [line for line in lines if line.startswith("FAIL")]
     assert failures == []
     assert code == 0
