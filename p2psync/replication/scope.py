@@ -1,0 +1,264 @@
+"""Sync scopes: what part of a tenant's data one replication link carries, and its ``scopeId``.
+
+A ``SyncScope`` is the RFC's *intent scope* (``{kind, protocol?, protocolPathPrefixes?,
+contextIdPrefixes?}``). It is kept in one canonical form, so two scopes that select the same
+messages have one ``scopeId``, and the ledger keys a link's checkpoints by it:
+
+- ``global``: every message of the tenant; no other member may be given;
+- ``protocol``: messages whose ``protocol`` is the (normalized) protocol URL; no prefixes;
+- ``subset``: a protocol plus prefixes: ``protocolPathPrefixes`` (any may match) and
+  ``contextIdPrefixes`` (any may match); when both are given a message must satisfy both.
+
+Canonical form: the protocol URL normalized as the reference DWN normalizes it; each prefix
+list deduplicated, stripped of prefixes another one already covers, sorted by code point
+(= UTF-8 byte order); an absent list and an empty list both mean "no constraint on that
+axis" (as an empty filter list does in the reference's queries) and the canonical form omits
+it; a ``subset`` left with no prefix at all selects the whole protocol, so it *is* the
+``protocol`` scope and canonicalizes to it.
+
+Prefixes are strict (no globs) and match whole segments: ``thread`` matches the protocol
+paths ``thread`` and ``thread/reply``, not ``threads``; a contextId prefix is one or more
+whole recordIds joined by ``/``. Raw string prefixes would let ``thread`` select ``threads``
+and a contextId prefix end inside a CID, neither of which anyone means.
+
+``scopeId`` = the CIDv1 (dag-cbor, sha2-256, base32 ``bafyrei…``) of the canonical wire
+object: sha256 over its DAG-CBOR bytes, in the same self-describing text as message CIDs, so
+any implementation with a DAG-CBOR encoder recomputes it. Examples in
+``protocol/replication-state.md``.
+
+``matches`` tests intent only. The effective scope (intent plus its closure: protocol
+definitions, grants, ancestors, squash floors) is the closure loop's business, not this one's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal, TypeAlias, cast
+
+from p2psync.dwn.encoding import compute_cid
+from p2psync.dwn.errors import DwnError
+from p2psync.dwn.urls import normalize_protocol_url
+from p2psync.replication.tokens import is_message_cid
+
+__all__ = [
+    "MAX_PREFIXES",
+    "MAX_PREFIX_CHARS",
+    "SCOPE_KINDS",
+    "ScopeKind",
+    "SyncScope",
+    "SyncScopeInvalid",
+    "SyncScopeUndecidable",
+]
+
+ScopeKind: TypeAlias = Literal["global", "protocol", "subset"]
+SCOPE_KINDS: Final[tuple[ScopeKind, ...]] = ("global", "protocol", "subset")
+
+# Ours: a scope is written by a person or an app, and every message of a link is matched
+# against every prefix; 100 of each is far more than a real selection needs.
+MAX_PREFIXES: Final = 100
+# Ours: a contextId of 0.5.2's deepest protocol structure (10 levels) is 10 CIDs of 59
+# characters plus separators, under 600; 2,048 leaves room without letting a peer send megabytes.
+MAX_PREFIX_CHARS: Final = 2048
+
+_WIRE_MEMBERS: Final = frozenset({"kind", "protocol", "protocolPathPrefixes", "contextIdPrefixes"})
+
+# The engine's interface/method names of the messages whose protocol lives elsewhere.
+_RECORDS = "Records"
+_PROTOCOLS = "Protocols"
+
+
+class SyncScopeInvalid(DwnError):
+    """A scope is malformed or self-contradictory."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__("SyncScopeInvalid", detail, 400)
+
+
+class SyncScopeUndecidable(DwnError):
+    """The object alone does not say whether it is in scope (a RecordsDelete message names
+    only its record; its protocol is in its index entries)."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__("SyncScopeUndecidable", detail, 400)
+
+
+def _segment_prefix(prefix: str, value: str) -> bool:
+    """``prefix`` equals ``value`` or is a leading run of its ``/``-separated segments."""
+    return value == prefix or (value.startswith(prefix) and value[len(prefix)] == "/")
+
+
+def _canonical_prefixes(
+    values: Any, member: str, check_segment: Callable[[str, str], None] | None = None
+) -> tuple[str, ...]:
+    if values is None:
+        return ()
+    if isinstance(values, str) or not isinstance(values, Iterable):
+        raise SyncScopeInvalid(f"{member} must be a list of strings")
+    items = list(values)
+    if len(items) > MAX_PREFIXES:
+        raise SyncScopeInvalid(f"{member} has more than {MAX_PREFIXES} entries")
+    for item in items:
+        if not isinstance(item, str):
+            raise SyncScopeInvalid(f"{member} must be a list of strings")
+        if not item or len(item) > MAX_PREFIX_CHARS:
+            raise SyncScopeInvalid(f"each of {member} must be 1 to {MAX_PREFIX_CHARS} characters")
+        segments = item.split("/")
+        if any(not s for s in segments):
+            raise SyncScopeInvalid(f"{member} entry {item!r} has an empty segment (leading, trailing or double '/')")
+        if check_segment is not None:
+            for s in segments:
+                check_segment(item, s)
+    # Sorted, a covering prefix comes before everything it covers ("a" < "a/b" < "a0").
+    kept: list[str] = []
+    for item in sorted(set(items)):
+        if not any(_segment_prefix(k, item) for k in kept):
+            kept.append(item)
+    return tuple(kept)
+
+
+def _record_id_segment(item: str, segment: str) -> None:
+    if not is_message_cid(segment):
+        raise SyncScopeInvalid(f"contextIdPrefixes entry {item!r}: {segment!r} is not a recordId (CID)")
+
+
+@dataclass(frozen=True, slots=True)
+class SyncScope:
+    """A canonical intent scope. Construction canonicalizes and validates (``SyncScopeInvalid``).
+
+    ``SyncScope("subset", "example.com/p", ("b", "a", "a/x"))`` becomes
+    ``SyncScope("subset", "http://example.com/p", ("a", "b"), ())``.
+    """
+
+    kind: ScopeKind
+    protocol: str | None = None
+    protocol_path_prefixes: tuple[str, ...] = ()
+    context_id_prefixes: tuple[str, ...] = ()
+    scope_id: str = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.kind not in SCOPE_KINDS:
+            raise SyncScopeInvalid(f"kind must be one of {', '.join(SCOPE_KINDS)}")
+        paths = _canonical_prefixes(self.protocol_path_prefixes, "protocolPathPrefixes")
+        contexts = _canonical_prefixes(self.context_id_prefixes, "contextIdPrefixes", _record_id_segment)
+        protocol = self.protocol
+        kind = self.kind
+        if kind == "global":
+            if protocol is not None or paths or contexts:
+                raise SyncScopeInvalid("a global scope has no protocol and no prefixes")
+        else:
+            if not isinstance(protocol, str):
+                raise SyncScopeInvalid(f"a {kind} scope requires a protocol (string)")
+            try:
+                protocol = normalize_protocol_url(protocol)
+            except DwnError as exc:
+                raise SyncScopeInvalid(f"protocol {self.protocol!r} cannot be normalized: {exc.detail}") from None
+            if kind == "protocol" and (paths or contexts):
+                raise SyncScopeInvalid("a protocol scope has no prefixes; use kind subset")
+            if kind == "subset" and not paths and not contexts:
+                kind = "protocol"  # selects the whole protocol: the same scope, one id
+        object.__setattr__(self, "kind", kind)
+        object.__setattr__(self, "protocol", protocol)
+        object.__setattr__(self, "protocol_path_prefixes", paths)
+        object.__setattr__(self, "context_id_prefixes", contexts)
+        object.__setattr__(self, "scope_id", compute_cid(self.to_wire()))
+
+    # -- constructors ----------------------------------------------------------------------
+
+    @classmethod
+    def global_scope(cls) -> SyncScope:
+        """Every message of the tenant."""
+        return cls("global")
+
+    @classmethod
+    def for_protocol(cls, protocol: str) -> SyncScope:
+        """Every message of one protocol."""
+        return cls("protocol", protocol)
+
+    @classmethod
+    def subset(
+        cls, protocol: str, protocol_path_prefixes: Iterable[str] = (), context_id_prefixes: Iterable[str] = ()
+    ) -> SyncScope:
+        """Part of one protocol, by protocolPath and/or contextId prefixes."""
+        return cls("subset", protocol, tuple(protocol_path_prefixes), tuple(context_id_prefixes))
+
+    # -- wire ------------------------------------------------------------------------------
+
+    def to_wire(self) -> dict[str, Any]:
+        """The canonical JSON/CBOR object (members absent, never null or empty)."""
+        out: dict[str, Any] = {"kind": self.kind}
+        if self.protocol is not None:
+            out["protocol"] = self.protocol
+        if self.protocol_path_prefixes:
+            out["protocolPathPrefixes"] = list(self.protocol_path_prefixes)
+        if self.context_id_prefixes:
+            out["contextIdPrefixes"] = list(self.context_id_prefixes)
+        return out
+
+    @classmethod
+    def from_wire(cls, obj: Any) -> SyncScope:
+        """Parse a scope object strictly and canonicalize it (unknown members are refused)."""
+        if not isinstance(obj, Mapping):
+            raise SyncScopeInvalid("a scope is an object")
+        unknown = sorted(str(k) for k in set(obj) - _WIRE_MEMBERS)
+        if unknown:
+            raise SyncScopeInvalid(f"unknown scope members: {', '.join(unknown)}")
+        kind = obj.get("kind")
+        if kind not in SCOPE_KINDS:
+            raise SyncScopeInvalid(f"kind must be one of {', '.join(SCOPE_KINDS)}")
+        for member in ("protocolPathPrefixes", "contextIdPrefixes"):
+            if member in obj and not isinstance(obj[member], list):
+                raise SyncScopeInvalid(f"{member} must be a list of strings")
+        # An explicit null is not "absent": JSON and CBOR writers that emit null are refused,
+        # so one meaning never has two spellings.
+        for member in ("protocol", "protocolPathPrefixes", "contextIdPrefixes"):
+            if member in obj and obj[member] is None:
+                raise SyncScopeInvalid(f"{member} must be absent rather than null")
+        return cls(
+            cast(ScopeKind, kind),
+            obj.get("protocol"),
+            tuple(obj.get("protocolPathPrefixes", ())),
+            tuple(obj.get("contextIdPrefixes", ())),
+        )
+
+    # -- matching --------------------------------------------------------------------------
+
+    def matches(self, indexes_or_message: Mapping[str, Any]) -> bool:
+        """Whether a message is in this (intent) scope.
+
+        Takes either the index key-values the store and event log keep for a message (any
+        stored message can be decided from them) or the message itself (one with a
+        ``descriptor``). A RecordsDelete message alone names no protocol: it raises
+        ``SyncScopeUndecidable`` for a non-global scope; pass its indexes instead.
+        """
+        if self.kind == "global":
+            return True
+        protocol, protocol_path, context_id = _facts(indexes_or_message)
+        if protocol != self.protocol:
+            return False
+        if self.kind == "protocol":
+            return True
+        if self.protocol_path_prefixes and not (
+            isinstance(protocol_path, str)
+            and any(_segment_prefix(p, protocol_path) for p in self.protocol_path_prefixes)
+        ):
+            return False
+        return not self.context_id_prefixes or (
+            isinstance(context_id, str) and any(_segment_prefix(p, context_id) for p in self.context_id_prefixes)
+        )
+
+
+def _facts(obj: Mapping[str, Any]) -> tuple[Any, Any, Any]:
+    """(protocol, protocolPath, contextId) of indexes or of a message."""
+    descriptor = obj.get("descriptor")
+    if not isinstance(descriptor, Mapping):
+        return obj.get("protocol"), obj.get("protocolPath"), obj.get("contextId")
+    interface = descriptor.get("interface")
+    method = descriptor.get("method")
+    if interface == _PROTOCOLS and method == "Configure":
+        definition = descriptor.get("definition")
+        protocol = definition.get("protocol") if isinstance(definition, Mapping) else None
+        return protocol, None, None
+    if interface == _RECORDS and method == "Delete":
+        raise SyncScopeUndecidable("a RecordsDelete message names no protocol; match its indexes")
+    return descriptor.get("protocol"), descriptor.get("protocolPath"), obj.get("contextId")
