@@ -344,7 +344,10 @@ class MessageStore:
         if tid is None:
             return None
         row = self._s.conn.execute("SELECT indexes FROM messages WHERE tenant=? AND cid=?", (tid, cid)).fetchone()
-        return None if row is None else json.loads(row[0])  # type: ignore[no-any-return]
+        if row is None:
+            return None
+        indexes: dict[str, Any] = json.loads(row[0])
+        return indexes
 
     def _candidates(self, tid: int, filters: list[dict[str, Any]]) -> dict[str, tuple[str, dict[str, Any]]]:
         conn = self._s.conn
@@ -604,10 +607,9 @@ class EventLog:
         a peer pulling this log sees it; an existing entry is never duplicated.
         """
         with self._s.conn:
-            position = self.position_of(tenant, cid)
-            if position is not None:
-                return position, False
-            return self.append(tenant, cid, indexes), True
+            existing = self.position_of(tenant, cid)
+            position = self.append(tenant, cid, indexes) if existing is None else existing
+        return position, existing is None
 
     def stream(self, tenant: str) -> tuple[str, str]:
         """(streamId, epoch) of the tenant's log."""

@@ -1,0 +1,512 @@
+"""Replicated apply: a message that arrived by replication, judged by the engine, told apart.
+
+``apply_replicated_message`` is the engine's entry point for messages that come from another
+replica (``Dwn.applyReplicatedMessage`` of the wire-surface seed). It runs, in this order:
+
+1. tenant check — a tenant this store does not serve (the ``tenant_gate`` says no, or the store
+   has it disabled) gives ``Deferred('tenant-inactive')``;
+2. integrity — interface/method and JSON schema, exactly ``Dwn.process_message``'s first checks;
+   a failure is ``Invalid`` with the reply detail;
+3. dedup — the exact message (by CID) is already stored: ``Duplicate`` before any handler runs,
+   after repairing its event-log entry if that is missing;
+
+(2 runs inside ``process_message``, right after 3: a stored message passed the integrity check
+when it was stored, so looking it up first answers every message exactly as the seed's order
+does, and saves checking the schema twice.)
+4. process — ``Dwn.process_message``, unchanged: the handler is the dependency authority;
+5. write beaten by delete — a RecordsWrite refused only because a delete of its record is
+   newer state here is still stored (not as latest state) and reported ``Superseded``;
+6. adapt — the reply becomes a :data:`ReplicationApplyResult`.
+
+Adapting never relaxes authorization: it reads the refusal's error code (the text before the
+first ``:`` of the detail), the message itself and what is present in the store, only to say
+*what is missing*. After the dependency is fetched, the handler judges the message again.
+
+Our engine is dwn-sdk-js 0.5.2, older than the reference the seed describes, and reports some
+missing dependencies under other codes; each mapping below says which code 0.5.2 raises and
+why it stands for a missing dependency only when the dependency is really absent here
+(``docs/replication-apply.md`` lists them).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import TYPE_CHECKING, Any, Final
+
+import apsw
+
+from p2psync.dwn import permissions
+from p2psync.dwn.datacid import data_cid as compute_data_cid
+from p2psync.dwn.encoding import message_cid
+from p2psync.dwn.errors import DwnError
+from p2psync.dwn.handlers.records import STAGE_ERRORS
+from p2psync.dwn.jws import decode_payload
+from p2psync.dwn.message import get_author, get_newest_message
+from p2psync.dwn.records_write import RecordsWrite, fetch_initial_records_write_message, is_initial_write
+from p2psync.dwn.replication_types import (
+    Ancestor,
+    Applied,
+    Deferred,
+    DependencyRef,
+    Duplicate,
+    Grant,
+    Incomplete,
+    InitialWrite,
+    Invalid,
+    Parent,
+    ProgressToken,
+    Protocol,
+    RecordData,
+    ReplicationApplyResult,
+    Role,
+    Superseded,
+)
+from p2psync.dwn.reply import Reply, reply_from_error
+
+if TYPE_CHECKING:
+    from p2psync.dwn.engine import Dwn
+    from p2psync.dwn.store import Store
+
+__all__ = [
+    "adapt_reply",
+    "apply_replicated_message",
+    "apply_replicated_message_json",
+    "dependency_refs",
+    "error_code",
+]
+
+log = logging.getLogger(__name__)
+
+Message = dict[str, Any]
+
+# Data up to this size is kept inline with its message (the reference's
+# DwnConstant.maxDataSizeAllowedToBeEncoded); larger data lives in the data store.
+MAX_DATA_SIZE_ENCODED: Final = 30_000
+
+# -- error codes the adapter reads (the reference's DwnErrorCode names) ----------------------
+PROTOCOL_NOT_FOUND: Final = "ProtocolAuthorizationProtocolNotFound"
+COMPOSED_PROTOCOL_NOT_INSTALLED: Final = "ProtocolsConfigureComposedProtocolNotInstalled"
+PARENT_RECORD_NOT_FOUND: Final = "ProtocolAuthorizationParentRecordNotFound"
+# 0.5.2 has no ParentRecordNotFound: a child whose parent is not here fails the protocol-path
+# check ("Could not find matching parent record to verify declared protocol path").
+INCORRECT_PROTOCOL_PATH: Final = "ProtocolAuthorizationIncorrectProtocolPath"
+PARENT_NOT_FOUND_CONSTRUCTING_CHAIN: Final = "ProtocolAuthorizationParentNotFoundConstructingRecordChain"
+INITIAL_WRITE_NOT_FOUND: Final = "RecordsWriteGetInitialWriteNotFound"
+# 0.5.2 refuses a non-tenant protocol update whose initial write is not here with this: with no
+# initial write it finds no action (update / co-update) to look rules up for.
+ACTION_NOT_ALLOWED: Final = "ProtocolAuthorizationActionNotAllowed"
+GRANT_MISSING: Final = "GrantAuthorizationGrantMissing"
+ROLE_RECORD_NOT_FOUND: Final = "ProtocolAuthorizationMatchingRoleRecordNotFound"
+MISSING_DATA_IN_PREVIOUS: Final = "RecordsWriteMissingDataInPrevious"
+MISSING_ENCODED_DATA_IN_PREVIOUS: Final = "RecordsWriteMissingEncodedDataInPrevious"
+# An update sent without data takes its data from the newest write here; when that write holds
+# other data (the write that brought this data is not here yet) 0.5.2 reports a mismatch.
+DATA_CID_MISMATCH: Final = "RecordsWriteDataCidMismatch"
+DATA_SIZE_MISMATCH: Final = "RecordsWriteDataSizeMismatch"
+NOT_ALLOWED_AFTER_DELETE: Final = "RecordsWriteNotAllowedAfterDelete"
+RESOLVER_NOT_FOUND: Final = "GeneralJwsVerifierGetPublicKeyNotFound"
+
+# What a record looks like here, for deciding whether a refusal means "not here yet".
+_ABSENT: Final = "absent"  # no message of the record at all
+_INCOMPLETE: Final = "incomplete"  # only writes that are not latest state (an initial write without data)
+_LIVE: Final = "live"  # a write is its latest state
+_DELETED: Final = "deleted"  # its newest message is a delete
+
+_PROTOCOL_IN_DETAIL = re.compile(r"protocol definition for (\S+)$")
+_COMPOSED_PROTOCOL_IN_DETAIL = re.compile(r"composed protocol '([^']+)'")
+_ANCESTOR_IN_DETAIL = re.compile(r"ID (\S+)")
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def apply_replicated_message(dwn: Dwn, tenant: str, message: Any, data: bytes | None = None) -> ReplicationApplyResult:
+    """Apply one replicated message (with its record data, if any) to ``tenant``'s DWN."""
+    if not isinstance(tenant, str) or not tenant:
+        return Invalid("tenant must be a DID string")
+    if not _tenant_active(dwn, tenant):
+        return Deferred("tenant-inactive")
+    try:
+        cid = message_cid(message)
+    except (DwnError, TypeError, ValueError, OverflowError, AttributeError) as exc:
+        integrity = dwn.validate_message_integrity(message)
+        return Invalid(integrity.detail if integrity is not None else f"MessageCidUncomputable: {exc}")
+    try:
+        # Dedup may look before the integrity check: a stored message passed it when it was
+        # stored, and the same CID is the same message. Anything else meets the integrity
+        # check first thing in process_message, which answers it with the same detail.
+        if _deduplicate(dwn.store, tenant, message, cid):
+            return Duplicate()
+        reply = dwn.process_message(tenant, message, data)
+        if error_code(reply.detail) == NOT_ALLOWED_AFTER_DELETE and _is_records_write(message):
+            return _store_write_beaten_by_delete(dwn.store, tenant, message, data, reply, cid)
+        return adapt_reply(dwn.store, tenant, message, data, reply, cid)
+    except apsw.Error:
+        log.exception("storage error while applying replicated message %s", cid)
+        return Deferred("storage")
+    except Exception:  # a bug here must not take a sync session down; the message stays pending
+        log.exception("internal error while applying replicated message %s", cid)
+        return Deferred("storage")
+
+
+def apply_replicated_message_json(dwn: Dwn, tenant: str, message: Any, data: bytes | None) -> dict[str, Any]:
+    """``apply_replicated_message`` with its result as JSON (the interop pipe's ``apply`` op)."""
+    return apply_replicated_message(dwn, tenant, message, data).to_json()
+
+
+def _tenant_active(dwn: Dwn, tenant: str) -> bool:
+    if dwn.validate_tenant(tenant) is not None:
+        return False
+    return dwn.store.is_tenant_active(tenant)
+
+
+def error_code(detail: str) -> str | None:
+    """The error code a reply detail starts with (the text before its first ``:``)."""
+    colon = detail.find(":")
+    return None if colon == -1 else detail[:colon]
+
+
+# --------------------------------------------------------------------------- dedup
+
+
+def _stored_cid(store: Store, tenant: str, message: Message, cid: str) -> str | None:
+    """The CID the message is stored under here, or None when it is not stored."""
+    if store.messages.has(tenant, cid):
+        return cid
+    # A 0-byte record is stored with `encodedData: ""`, which stays inside the CID it is stored
+    # under (the reference does the same); it is still this very message.
+    if _is_records_write(message) and message["descriptor"].get("dataSize") == 0 and "encodedData" not in message:
+        alternative = message_cid({**message, "encodedData": ""})
+        if store.messages.has(tenant, alternative):
+            return alternative
+    return None
+
+
+def _deduplicate(store: Store, tenant: str, message: Message, cid: str) -> bool:
+    """Whether the message is already stored; if so, make sure its event-log entry exists."""
+    stored = _stored_cid(store, tenant, message, cid)
+    if stored is None:
+        return False
+    indexes = store.messages.get_indexes(tenant, stored)
+    if indexes is not None:
+        # The log lists a message under the CID of the message as sent (see the handlers).
+        _, appended = store.events.ensure_entry(tenant, cid, indexes)
+        if appended:
+            log.info("repaired the missing event-log entry of %s for %s", cid, tenant)
+    return True
+
+
+# --------------------------------------------------------------------------- write beaten by delete
+
+
+def _store_write_beaten_by_delete(
+    store: Store, tenant: str, message: Message, data: bytes | None, reply: Reply, cid: str
+) -> ReplicationApplyResult:
+    """Keep a write that lost to a newer-state delete, for ancestry, once its data checks out.
+
+    The handler refused it at the storage stage, after authorization; what remains unchecked
+    is its data (the handler raised before looking at it) and a revocation's protocol tag.
+    """
+    existing, _ = store.messages.query(tenant, [{"interface": "Records", "recordId": message["recordId"]}])
+    newest = get_newest_message(existing)
+    if newest is None or newest["descriptor"].get("method") != "Delete":
+        return adapt_reply(store, tenant, message, data, reply, cid)
+    try:
+        write = RecordsWrite.parse(message)
+        permissions.validate_revocation_protocol_tag(tenant, store, message)
+        if data is not None:
+            _validate_supplied_data(message, data)
+        elif not write.is_initial_write:
+            _validate_previous_data(store, tenant, message, existing)
+    except STAGE_ERRORS as exc:
+        status = exc.status if isinstance(exc, DwnError) and exc.status >= 400 else 400
+        return adapt_reply(store, tenant, message, data, reply_from_error(exc, status), cid)
+    indexes = write.construct_indexes(False)
+    stored = {k: v for k, v in message.items() if k != "encodedData"}
+    with store.transaction():
+        store.messages.put(tenant, stored, indexes, cid)
+        store.events.ensure_entry(tenant, cid, indexes)
+    return Superseded()
+
+
+def _validate_supplied_data(message: Message, data: bytes) -> None:
+    descriptor = message["descriptor"]
+    actual = compute_data_cid(data)
+    if actual != descriptor["dataCid"]:
+        raise DwnError(
+            DATA_CID_MISMATCH,
+            f"actual data CID {actual} does not match dataCid in descriptor: {descriptor['dataCid']}",
+        )
+    if len(data) != descriptor["dataSize"]:
+        raise DwnError(
+            DATA_SIZE_MISMATCH,
+            f"actual data size {len(data)} bytes does not match dataSize in descriptor: {descriptor['dataSize']}",
+        )
+    if (
+        descriptor["dataSize"] <= MAX_DATA_SIZE_ENCODED
+        and descriptor.get("protocol") == permissions.PERMISSIONS_PROTOCOL_URI
+    ):
+        permissions.validate_schema(message, data)
+
+
+def _validate_previous_data(store: Store, tenant: str, message: Message, existing: list[Message]) -> None:
+    writes = [m for m in existing if m["descriptor"].get("method") == "Write"]
+    newest_write = get_newest_message(writes)
+    if newest_write is None:
+        raise DwnError(INITIAL_WRITE_NOT_FOUND, f"initial write is missing for record {message['recordId']}")
+    descriptor, previous = message["descriptor"], newest_write["descriptor"]
+    if descriptor["dataCid"] != previous.get("dataCid"):
+        raise DwnError(
+            DATA_CID_MISMATCH,
+            f"actual data CID {previous.get('dataCid')} does not match dataCid in descriptor: {descriptor['dataCid']}",
+        )
+    if descriptor["dataSize"] != previous.get("dataSize"):
+        raise DwnError(
+            DATA_SIZE_MISMATCH,
+            f"actual data size {previous.get('dataSize')} bytes does not match dataSize in descriptor: "
+            f"{descriptor['dataSize']}",
+        )
+    if descriptor["dataSize"] <= MAX_DATA_SIZE_ENCODED:
+        if "encodedData" not in newest_write:
+            raise DwnError(
+                MISSING_ENCODED_DATA_IN_PREVIOUS,
+                "No dataStream was provided and unable to get data from previous message",
+            )
+    elif store.data.size(tenant, newest_write["recordId"], descriptor["dataCid"]) is None:
+        raise DwnError(
+            MISSING_DATA_IN_PREVIOUS, "No dataStream was provided and unable to get data from previous message"
+        )
+
+
+# --------------------------------------------------------------------------- adapt
+
+
+def adapt_reply(
+    store: Store, tenant: str, message: Message, data: bytes | None, reply: Reply, cid: str
+) -> ReplicationApplyResult:
+    """Turn a handler reply into a result, in the seed's order of rules."""
+    code, detail = reply.code, reply.detail
+    err = error_code(detail)
+    if code in (202, 204):
+        return Applied(ancestry_only=code == 204, position=_position(store, tenant, cid))
+    if code == 409 or err == NOT_ALLOWED_AFTER_DELETE:
+        return Superseded()
+    if err == RESOLVER_NOT_FOUND:
+        return Deferred("resolver-unavailable")
+    try:
+        missing = dependency_refs(store, tenant, message, data, code, detail)
+    except STAGE_ERRORS:
+        # What is missing cannot be told from this message: the handler's refusal stands.
+        missing = []
+    if missing:
+        return Incomplete(tuple(missing))
+    if code >= 500:
+        return Deferred("storage")
+    return Invalid(detail or f"replicated message rejected with status {code}")
+
+
+def _position(store: Store, tenant: str, cid: str) -> ProgressToken | None:
+    position = store.events.position_of(tenant, cid)
+    if position is None:
+        return None
+    stream_id, epoch = store.events.stream(tenant)
+    return ProgressToken(stream_id, epoch, position, cid)
+
+
+def dependency_refs(
+    store: Store, tenant: str, message: Message, data: bytes | None, code: int, detail: str
+) -> list[DependencyRef]:
+    """What is missing for a refused message, from the refusal and the store; [] for nothing."""
+    err = error_code(detail)
+    descriptor = message.get("descriptor") if isinstance(message, dict) else None
+    if not isinstance(descriptor, dict):
+        return []
+    protocol = _str(descriptor.get("protocol"))
+    if err in (PROTOCOL_NOT_FOUND, COMPOSED_PROTOCOL_NOT_INSTALLED):
+        missing_protocol = _protocol_from_detail(detail) or protocol or _str(_filter(descriptor).get("protocol"))
+        return [] if missing_protocol is None else [Protocol(protocol=missing_protocol)]
+    if err in (INCORRECT_PROTOCOL_PATH, PARENT_RECORD_NOT_FOUND):
+        return _parent_refs(store, tenant, message)
+    if err == PARENT_NOT_FOUND_CONSTRUCTING_CHAIN:
+        return _ancestor_refs(store, tenant, message, detail)
+    if err == INITIAL_WRITE_NOT_FOUND and _is_records_write(message):
+        return [InitialWrite(record_id=message["recordId"], protocol=protocol)]
+    if err == ACTION_NOT_ALLOWED and _is_records_write(message) and not is_initial_write(message):
+        if fetch_initial_records_write_message(store, tenant, message["recordId"]) is None:
+            return [InitialWrite(record_id=message["recordId"], protocol=protocol)]
+        return []
+    if err == GRANT_MISSING:
+        return _grant_refs(store, tenant, message)
+    if err == ROLE_RECORD_NOT_FOUND:
+        return _role_refs(store, tenant, message)
+    if err in (MISSING_DATA_IN_PREVIOUS, MISSING_ENCODED_DATA_IN_PREVIOUS):
+        return _record_data_refs(message)
+    if err in (DATA_CID_MISMATCH, DATA_SIZE_MISMATCH) and data is None:
+        # Only an update sent without its data compares against a previous write's data.
+        return _record_data_refs(message)
+    if code == 404 and _is_records_delete(message):
+        record_id = descriptor["recordId"]
+        # 404 also answers a delete of a record already deleted here: nothing is missing then.
+        if fetch_initial_records_write_message(store, tenant, record_id) is None:
+            return [InitialWrite(record_id=record_id)]
+    return []
+
+
+def _parent_refs(store: Store, tenant: str, message: Message) -> list[DependencyRef]:
+    """Parent (and every absent ancestor above it) of a child whose parent is not live here."""
+    if not _is_records_write(message):
+        return []
+    descriptor = message["descriptor"]
+    parent_id, protocol = _str(descriptor.get("parentId")), _str(descriptor.get("protocol"))
+    if parent_id is None or protocol is None:
+        return []
+    # A parent that is live here makes the refusal a wrong path or context; a deleted one
+    # takes no children. Either way nothing is missing.
+    if _record_state(store, tenant, parent_id) not in (_ABSENT, _INCOMPLETE):
+        return []
+    above: list[DependencyRef] = []
+    context_id = _str(message.get("contextId"))
+    if context_id is not None:
+        chain = context_id.split("/")[:-1]
+        if parent_id in chain:
+            for record_id in chain[: chain.index(parent_id)]:
+                if _record_state(store, tenant, record_id) in (_ABSENT, _INCOMPLETE):
+                    above.append(Ancestor(record_id=record_id, protocol=protocol))
+    return [*above, Parent(record_id=parent_id, protocol=protocol)]
+
+
+def _ancestor_refs(store: Store, tenant: str, message: Message, detail: str) -> list[DependencyRef]:
+    """Every ancestor absent while building the record chain, root first, the named one last."""
+    match = _ANCESTOR_IN_DETAIL.search(detail)
+    if match is None:
+        return []
+    named = match.group(1)
+    context_id, protocol = _record_context(store, tenant, message)
+    ids: list[str] = [named]
+    if context_id is not None:
+        chain = context_id.split("/")[:-1]
+        if named in chain:
+            # Chain building walks up from the record, so everything below `named` was found.
+            ids = [
+                rid
+                for rid in chain[: chain.index(named)]
+                if fetch_initial_records_write_message(store, tenant, rid) is None
+            ]
+            ids.append(named)
+    return [Ancestor(record_id=rid, protocol=protocol) for rid in ids]
+
+
+def _grant_refs(store: Store, tenant: str, message: Message) -> list[DependencyRef]:
+    grant_id = _str(message["descriptor"].get("permissionGrantId"))
+    if grant_id is None:
+        grant_id = _str(_signature_payload(message).get("permissionGrantId"))
+    if grant_id is None or _record_state(store, tenant, grant_id) not in (_ABSENT, _INCOMPLETE):
+        return []
+    return [Grant(permission_grant_id=grant_id)]
+
+
+def _role_refs(store: Store, tenant: str, message: Message) -> list[DependencyRef]:
+    role = _str(_signature_payload(message).get("protocolRole"))
+    recipient = get_author(message)
+    context_id, protocol = _record_context(store, tenant, message)
+    flt = _filter(message["descriptor"])
+    if protocol is None:
+        protocol = _str(flt.get("protocol"))
+    if context_id is None:
+        context_id = _str(flt.get("contextId"))
+    if role is None or recipient is None or protocol is None:
+        return []
+    # A context role (`thread/participant`) is held within the first segments of the context.
+    depth = len(role.split("/")) - 1
+    prefix = "/".join(context_id.split("/")[:depth]) if depth > 0 and context_id is not None else None
+    return [Role(protocol=protocol, protocol_path=role, recipient=recipient, context_prefix=prefix or None)]
+
+
+def _record_data_refs(message: Message) -> list[DependencyRef]:
+    if not _is_records_write(message):
+        return []
+    descriptor = message["descriptor"]
+    data_cid = _str(descriptor.get("dataCid"))
+    if data_cid is None:
+        return []
+    return [RecordData(record_id=message["recordId"], data_cid=data_cid, protocol=_str(descriptor.get("protocol")))]
+
+
+# --------------------------------------------------------------------------- store probes
+
+
+def _record_state(store: Store, tenant: str, record_id: str) -> str:
+    messages, _ = store.messages.query(tenant, [{"interface": "Records", "recordId": record_id}])
+    newest = get_newest_message(messages)
+    if newest is None:
+        return _ABSENT
+    if newest["descriptor"].get("method") == "Delete":
+        return _DELETED
+    live = store.messages.query(
+        tenant, [{"interface": "Records", "method": "Write", "recordId": record_id, "isLatestBaseState": True}]
+    )[0]
+    return _LIVE if live else _INCOMPLETE
+
+
+def _record_context(store: Store, tenant: str, message: Message) -> tuple[str | None, str | None]:
+    """(contextId, protocol) of the record a Records message is about."""
+    descriptor = message["descriptor"]
+    if _is_records_write(message):
+        return _str(message.get("contextId")), _str(descriptor.get("protocol"))
+    record_id = _str(descriptor.get("recordId"))
+    if record_id is not None:
+        # A delete carries neither: its record's initial write (here, or it would be a 404) does.
+        initial = fetch_initial_records_write_message(store, tenant, record_id)
+        if initial is not None:
+            return _str(initial.get("contextId")), _str(initial["descriptor"].get("protocol"))
+    return None, None
+
+
+# --------------------------------------------------------------------------- small helpers
+
+
+def _is_records_write(message: Any) -> bool:
+    d = message.get("descriptor") if isinstance(message, dict) else None
+    return (
+        isinstance(d, dict)
+        and d.get("interface") == "Records"
+        and d.get("method") == "Write"
+        and isinstance(message.get("recordId"), str)
+    )
+
+
+def _is_records_delete(message: Any) -> bool:
+    d = message.get("descriptor") if isinstance(message, dict) else None
+    return (
+        isinstance(d, dict)
+        and d.get("interface") == "Records"
+        and d.get("method") == "Delete"
+        and isinstance(d.get("recordId"), str)
+    )
+
+
+def _signature_payload(message: Message) -> dict[str, Any]:
+    authorization = message.get("authorization")
+    if not isinstance(authorization, dict):
+        return {}
+    try:
+        return decode_payload(authorization["signature"])
+    except (DwnError, KeyError, TypeError):
+        return {}
+
+
+def _filter(descriptor: dict[str, Any]) -> dict[str, Any]:
+    flt = descriptor.get("filter")
+    return flt if isinstance(flt, dict) else {}
+
+
+def _protocol_from_detail(detail: str) -> str | None:
+    match = _COMPOSED_PROTOCOL_IN_DETAIL.search(detail) or _PROTOCOL_IN_DETAIL.search(detail)
+    if match is None or match.group(1) == "undefined":
+        return None
+    return match.group(1)
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None

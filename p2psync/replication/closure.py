@@ -1,0 +1,517 @@
+"""The closure loop: admit one replicated message together with everything it depends on.
+
+A *closure* is a root message plus the dependencies that must be applied before it can be:
+protocol definitions, initial writes, parents and ancestors, grants, role records, record data.
+:class:`ClosureAdmitter` is the bounded fetch-and-retry loop of the wire-surface seed, written
+sans-I/O: it asks for work (:class:`ApplyRequest`, :class:`FetchRequest`) and is told the
+answers, so the same class runs
+
+- a pull, where the applier is the local engine and the fetcher asks the remote, and
+- a push, where the applier is the remote receiver and the fetcher answers the receiver's
+  refs from the pusher's own store.
+
+:meth:`ClosureAdmitter.admit` drives it with an async :class:`Applier` and
+:class:`DependencyFetcher`. The loop, per pass:
+
+1. apply every pending entry, in order;
+2. ``Applied`` / ``Duplicate`` / ``Superseded`` admit the entry; ``Invalid`` fails the closure;
+   ``Deferred`` defers it; ``Incomplete`` with a ``terminal`` ref fails it;
+3. fetch every missing ref not fetched before in this closure — one request per pass, answers
+   cached per ref, and only answers that really answer the ref are kept (a ``messageCid`` ref
+   takes exactly that message; ``RecordData`` only bytes whose dataCid matches);
+4. re-queue each incomplete entry behind its dependencies.
+
+It stops when nothing is pending (admitted), when a pass makes no progress (nothing new
+admitted, nothing new fetched: another pass would do exactly the same — deferred), or after
+:data:`MAX_ADMISSION_PASSES` passes (deferred, never failed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Final, Literal, Protocol, TypeAlias
+
+from p2psync.dwn.datacid import data_cid as compute_data_cid
+from p2psync.dwn.encoding import message_cid
+from p2psync.dwn.replication_types import (
+    Ancestor,
+    CrossProtocolRef,
+    DependencyRef,
+    Grant,
+    InitialWrite,
+    KeyDelivery,
+    Parent,
+    RecordData,
+    ReplicationApplyResult,
+    Role,
+)
+from p2psync.dwn.replication_types import Protocol as ProtocolRef
+
+__all__ = [
+    "KEY_DELIVERY_PATH",
+    "KEY_DELIVERY_PROTOCOLS",
+    "MAX_ADMISSION_PASSES",
+    "MAX_ANSWERS_PER_REF",
+    "MAX_CLOSURE_ENTRIES",
+    "Applier",
+    "ApplyRequest",
+    "ClosureAdmitter",
+    "ClosureOutcome",
+    "ClosureProtocolError",
+    "DependencyFetcher",
+    "FetchRequest",
+    "ReplicationEntry",
+    "answers_ref",
+    "fetch_key",
+]
+
+#: Passes before a closure is deferred: the seed's ``MAX_ADMISSION_PASSES`` (and its push
+#: side's ``MAX_PUSH_ADMISSION_PASSES``). A well-formed closure needs a handful, because one
+#: ``Incomplete`` names a whole missing ancestry at once.
+MAX_ADMISSION_PASSES: Final = 128
+
+#: Answers kept per ref. The largest legitimate answer is small: a record's initial write and
+#: its newest write (2), a protocol's newest configure (1), the role records of one recipient
+#: at one path (one per context). 64 is ours; it bounds what a hostile fetcher can make us hold.
+MAX_ANSWERS_PER_REF: Final = 64
+
+#: Distinct messages one closure may hold (root, dependencies, theirs...). A deep protocol
+#: (0.5.2 allows 10 levels) with roles and grants stays far below; ours, like the one above.
+MAX_CLOSURE_ENTRIES: Final = 4096
+
+#: Protocols whose ``contextKey`` records deliver the keys of an encrypted context (the newer
+#: reference's key-delivery protocol, under its current and its earlier URI).
+KEY_DELIVERY_PROTOCOLS: Final = (
+    "https://enbox.org/protocols/key-delivery",
+    "https://identity.foundation/protocols/key-delivery",
+)
+KEY_DELIVERY_PATH: Final = "contextKey"
+
+Message = dict[str, Any]
+
+
+class ClosureProtocolError(RuntimeError):
+    """The admitter was fed an answer it did not ask for (a bug in the driver)."""
+
+
+# --------------------------------------------------------------------------- entries
+
+
+@dataclass(frozen=True)
+class ReplicationEntry:
+    """One message to apply, with its record data when it has any (for a RecordsWrite)."""
+
+    message: Message
+    data: bytes | None = None
+    cid: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.cid:
+            object.__setattr__(self, "cid", _safe_cid(self.message))
+
+    def with_data(self, data: bytes) -> ReplicationEntry:
+        return replace(self, data=data)
+
+
+def _safe_cid(message: Any) -> str:
+    # An entry from a hostile source may not even be a message; it still needs an identity,
+    # and the engine will refuse it as Invalid.
+    try:
+        return message_cid(message)
+    except Exception:
+        return f"uncomputable:{id(message)}"
+
+
+# --------------------------------------------------------------------------- requests and outcome
+
+
+@dataclass(frozen=True)
+class ApplyRequest:
+    """Apply ``entry`` (replicated apply) and answer with its result."""
+
+    entry: ReplicationEntry
+
+
+@dataclass(frozen=True)
+class FetchRequest:
+    """Fetch these refs and answer with one list of entries per ref, in order."""
+
+    refs: tuple[DependencyRef, ...]
+
+
+ClosureStatus: TypeAlias = Literal["admitted", "deferred", "failed"]
+
+
+@dataclass(frozen=True)
+class ClosureOutcome:
+    """How a closure ended.
+
+    ``admitted``: the root and everything it needed are in the receiving store.
+    ``deferred``: not now (a transient condition, an unreachable dependency, the budget).
+    ``failed``: the root (or a dependency it needs) is invalid, or a dependency is terminal.
+    """
+
+    status: ClosureStatus
+    root_cid: str
+    passes: int
+    detail: str | None = None
+    failure: Literal["invalid", "terminal"] | None = None
+    applied: tuple[str, ...] = ()  # CIDs that made new state (result Applied), in order
+    admitted: tuple[str, ...] = ()  # CIDs admitted (Applied, Duplicate or Superseded), in order
+    fetch_requests: int = 0
+    refs_fetched: int = 0
+    entries_fetched: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "admitted"
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"status": self.status, "rootCid": self.root_cid, "passes": self.passes}
+        if self.detail is not None:
+            out["detail"] = self.detail
+        if self.failure is not None:
+            out["failure"] = self.failure
+        out["applied"] = list(self.applied)
+        out["admitted"] = list(self.admitted)
+        return out
+
+
+Request: TypeAlias = ApplyRequest | FetchRequest | ClosureOutcome
+
+
+class Applier(Protocol):
+    """Applies one replicated message to the receiving store (local engine or remote peer)."""
+
+    async def apply(self, tenant: str, entry: ReplicationEntry) -> ReplicationApplyResult: ...
+
+
+class DependencyFetcher(Protocol):
+    """Answers dependency refs with messages (from a remote, or from the pusher's store)."""
+
+    async def fetch(self, tenant: str, refs: Sequence[DependencyRef]) -> Sequence[Sequence[ReplicationEntry]]: ...
+
+
+@dataclass(frozen=True)
+class _Failure:
+    reason: str
+
+
+# --------------------------------------------------------------------------- ref matching
+
+
+def fetch_key(ref: DependencyRef) -> tuple[str, ...]:
+    """What a ref is fetched by: refs that fetch the same thing share one fetch per closure."""
+    if ref.message_cid is not None:
+        return ("cid", ref.message_cid)
+    if isinstance(ref, InitialWrite | Parent | Ancestor):
+        # The same fetch answers all three: the record's initial write and its newest write.
+        return ("record", ref.record_id)
+    if isinstance(ref, Grant):
+        return ("record", ref.permission_grant_id)
+    return ref.key()
+
+
+def answers_ref(ref: DependencyRef, entry: ReplicationEntry) -> bool:
+    """Whether ``entry`` is something ``ref`` asked for (anything else is dropped unapplied)."""
+    message = entry.message
+    descriptor = message.get("descriptor") if isinstance(message, dict) else None
+    if not isinstance(descriptor, dict):
+        return False
+    if ref.message_cid is not None:
+        return entry.cid == ref.message_cid
+    if isinstance(ref, ProtocolRef):
+        definition = descriptor.get("definition")
+        return (
+            _is(descriptor, "Protocols", "Configure")
+            and isinstance(definition, dict)
+            and definition.get("protocol") == ref.protocol
+        )
+    if not _is(descriptor, "Records", "Write"):
+        return False
+    record_id = message.get("recordId")
+    if isinstance(ref, InitialWrite | Parent | Ancestor):
+        return record_id == ref.record_id
+    if isinstance(ref, Grant):
+        return record_id == ref.permission_grant_id
+    if isinstance(ref, CrossProtocolRef):
+        return record_id == ref.record_id and descriptor.get("protocol") == ref.protocol
+    if isinstance(ref, Role):
+        context = message.get("contextId")
+        in_context = ref.context_prefix is None or (
+            isinstance(context, str) and (context == ref.context_prefix or context.startswith(ref.context_prefix + "/"))
+        )
+        return (
+            descriptor.get("protocol") == ref.protocol
+            and descriptor.get("protocolPath") == ref.protocol_path
+            and descriptor.get("recipient") == ref.recipient
+            and in_context
+        )
+    if isinstance(ref, KeyDelivery):
+        tags = descriptor.get("tags")
+        return (
+            descriptor.get("protocol") in KEY_DELIVERY_PROTOCOLS
+            and descriptor.get("protocolPath") == KEY_DELIVERY_PATH
+            and isinstance(tags, dict)
+            and tags.get("protocol") == ref.protocol
+            and tags.get("contextId") == ref.context_id
+        )
+    if isinstance(ref, RecordData):
+        return (
+            record_id == ref.record_id
+            and descriptor.get("dataCid") == ref.data_cid
+            and isinstance(entry.data, bytes)
+            and len(entry.data) == descriptor.get("dataSize")
+            and compute_data_cid(entry.data) == ref.data_cid
+        )
+    return False
+
+
+def _is(descriptor: dict[str, Any], interface: str, method: str) -> bool:
+    return descriptor.get("interface") == interface and descriptor.get("method") == method
+
+
+def describe_refs(refs: Sequence[DependencyRef]) -> str:
+    """A short human description of refs for outcome details and logs."""
+    parts = []
+    for ref in refs:
+        members = ref.to_json()
+        members.pop("type")
+        inner = ", ".join(f"{k}={v}" for k, v in members.items())
+        parts.append(f"{ref.type}({inner})")
+    return "; ".join(parts)
+
+
+# --------------------------------------------------------------------------- the loop
+
+
+class ClosureAdmitter:
+    """The closure of one root, as a state machine: read :attr:`request`, answer it.
+
+    ``receive_apply`` answers an :class:`ApplyRequest`, ``receive_fetch`` a
+    :class:`FetchRequest`; ``apply_failed`` / ``fetch_failed`` report that the applier or the
+    fetcher could not answer (the closure is then deferred). When :attr:`request` is a
+    :class:`ClosureOutcome`, the closure is over.
+    """
+
+    def __init__(
+        self,
+        tenant: str,
+        root: ReplicationEntry,
+        *,
+        max_passes: int = MAX_ADMISSION_PASSES,
+        max_entries: int = MAX_CLOSURE_ENTRIES,
+        max_answers_per_ref: int = MAX_ANSWERS_PER_REF,
+    ) -> None:
+        self.tenant = tenant
+        self.root = root
+        self.max_passes = max_passes
+        self.max_entries = max_entries
+        self.max_answers_per_ref = max_answers_per_ref
+        self.passes = 0
+        self._applied: list[str] = []
+        self._admitted: dict[str, str] = {}
+        self._fetch_requests = 0
+        self._refs_fetched = 0
+        self._entries_fetched = 0
+        self._machine = self._run()
+        self._request: Request = next(self._machine)
+
+    @property
+    def request(self) -> Request:
+        """What the admitter needs next, or its outcome when it is done."""
+        return self._request
+
+    @property
+    def outcome(self) -> ClosureOutcome | None:
+        return self._request if isinstance(self._request, ClosureOutcome) else None
+
+    def receive_apply(self, result: ReplicationApplyResult) -> Request:
+        """The result of the pending :class:`ApplyRequest`."""
+        if not isinstance(self._request, ApplyRequest):
+            raise ClosureProtocolError(f"an apply result was given while the request is {self._request!r}")
+        return self._send(result)
+
+    def receive_fetch(self, answers: Sequence[Sequence[ReplicationEntry]]) -> Request:
+        """The answers to the pending :class:`FetchRequest`, one sequence per ref."""
+        if not isinstance(self._request, FetchRequest):
+            raise ClosureProtocolError(f"fetch answers were given while the request is {self._request!r}")
+        return self._send(answers)
+
+    def apply_failed(self, reason: str) -> Request:
+        """The applier could not answer (a transport failure, a crash): defer the closure."""
+        if not isinstance(self._request, ApplyRequest):
+            raise ClosureProtocolError(f"an apply failure was given while the request is {self._request!r}")
+        return self._send(_Failure(f"apply failed: {reason}"))
+
+    def fetch_failed(self, reason: str) -> Request:
+        """The fetcher could not answer: defer the closure."""
+        if not isinstance(self._request, FetchRequest):
+            raise ClosureProtocolError(f"a fetch failure was given while the request is {self._request!r}")
+        return self._send(_Failure(f"fetch failed: {reason}"))
+
+    async def admit(self, applier: Applier, fetcher: DependencyFetcher) -> ClosureOutcome:
+        """Run the closure to its end with ``applier`` and ``fetcher``."""
+        request = self._request
+        while not isinstance(request, ClosureOutcome):
+            if isinstance(request, ApplyRequest):
+                try:
+                    result = await applier.apply(self.tenant, request.entry)
+                except Exception as exc:  # the peer or transport failed: not the message's fault
+                    request = self.apply_failed(f"{type(exc).__name__}: {exc}")
+                    continue
+                request = self.receive_apply(result)
+            else:
+                try:
+                    answers = await fetcher.fetch(self.tenant, request.refs)
+                except Exception as exc:
+                    request = self.fetch_failed(f"{type(exc).__name__}: {exc}")
+                    continue
+                request = self.receive_fetch(answers)
+        return request
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _send(self, value: Any) -> Request:
+        try:
+            self._request = self._machine.send(value)
+        except StopIteration as stop:  # pragma: no cover - _run always ends with an outcome
+            raise ClosureProtocolError("the closure loop ended without an outcome") from stop
+        return self._request
+
+    def _outcome(
+        self, status: ClosureStatus, detail: str | None = None, failure: Literal["invalid", "terminal"] | None = None
+    ) -> ClosureOutcome:
+        return ClosureOutcome(
+            status=status,
+            root_cid=self.root.cid,
+            passes=self.passes,
+            detail=detail,
+            failure=failure,
+            applied=tuple(self._applied),
+            admitted=tuple(self._admitted),
+            fetch_requests=self._fetch_requests,
+            refs_fetched=self._refs_fetched,
+            entries_fetched=self._entries_fetched,
+        )
+
+    def _run(self) -> Generator[Request, Any, None]:
+        known: set[str] = {self.root.cid}
+        cache: dict[tuple[str, ...], tuple[ReplicationEntry, ...]] = {}
+        pending: list[ReplicationEntry] = [self.root]
+        while True:
+            if self.passes >= self.max_passes:
+                yield self._outcome("deferred", f"pass budget of {self.max_passes} exhausted")
+                return
+            self.passes += 1
+            progress = False
+            incomplete: list[tuple[ReplicationEntry, tuple[DependencyRef, ...]]] = []
+            for entry in pending:
+                result = yield ApplyRequest(entry)
+                if isinstance(result, _Failure):
+                    yield self._outcome("deferred", result.reason)
+                    return
+                kind = result.kind
+                if kind in ("Applied", "Duplicate", "Superseded"):
+                    if entry.cid not in self._admitted:
+                        self._admitted[entry.cid] = kind
+                        progress = True
+                    if kind == "Applied" and entry.cid not in self._applied:
+                        self._applied.append(entry.cid)
+                elif kind == "Deferred":
+                    yield self._outcome("deferred", f"{entry.cid}: {result.reason}")
+                    return
+                elif kind == "Invalid":
+                    yield self._outcome("failed", f"{entry.cid}: {result.reason}", "invalid")
+                    return
+                elif kind == "Incomplete":
+                    if any(ref.terminal for ref in result.missing):
+                        terminal = [ref for ref in result.missing if ref.terminal]
+                        yield self._outcome("failed", f"{entry.cid}: unreachable {describe_refs(terminal)}", "terminal")
+                        return
+                    incomplete.append((entry, result.missing))
+                else:  # a result the loop does not know: not ours to guess
+                    yield self._outcome("deferred", f"{entry.cid}: unknown result kind {kind!r}")
+                    return
+            if not incomplete:
+                yield self._outcome("admitted")
+                return
+
+            wanted: dict[tuple[str, ...], DependencyRef] = {}
+            for _, missing in incomplete:
+                for ref in missing:
+                    key = fetch_key(ref)
+                    if key not in cache and key not in wanted:
+                        wanted[key] = ref
+            if wanted:
+                refs = tuple(wanted.values())
+                self._fetch_requests += 1
+                self._refs_fetched += len(refs)
+                answers = yield FetchRequest(refs)
+                if isinstance(answers, _Failure):
+                    yield self._outcome("deferred", answers.reason)
+                    return
+                if not isinstance(answers, Sequence) or len(answers) != len(refs):
+                    count = len(answers) if isinstance(answers, Sequence) else "no"
+                    yield self._outcome("deferred", f"fetcher answered {count} lists for {len(refs)} refs")
+                    return
+                for (key, ref), got in zip(wanted.items(), answers, strict=True):
+                    candidates = got if isinstance(got, Sequence) else ()
+                    accepted = tuple(e for e in candidates if isinstance(e, ReplicationEntry) and answers_ref(ref, e))
+                    accepted = accepted[: self.max_answers_per_ref]
+                    cache[key] = accepted
+                    self._entries_fetched += len(accepted)
+                    if accepted:
+                        # New answers (a new message, or data for one) may let a retry succeed;
+                        # refs are fetched once per closure, so this is finite.
+                        progress = True
+                    known.update(e.cid for e in accepted)
+                if len(known) > self.max_entries:
+                    yield self._outcome("deferred", f"closure exceeds {self.max_entries} messages")
+                    return
+
+            retry: list[ReplicationEntry] = []
+            for entry, missing in incomplete:
+                answers_for_entry: list[ReplicationEntry] = []
+                for ref in missing:
+                    answers_for_entry.extend(cache[fetch_key(ref)])
+                if not answers_for_entry:
+                    yield self._outcome("deferred", f"{entry.cid}: unresolved {describe_refs(missing)}")
+                    return
+                retry.extend(e for e in answers_for_entry if e.cid not in self._admitted)
+                retry.append(_with_fetched_data(entry, missing, cache))
+            pending = _dedupe(retry)
+            if not progress:
+                stuck, refs = incomplete[0]
+                yield self._outcome("deferred", f"{stuck.cid}: no progress: {describe_refs(refs)}")
+                return
+
+
+def _with_fetched_data(
+    entry: ReplicationEntry,
+    missing: Sequence[DependencyRef],
+    cache: dict[tuple[str, ...], tuple[ReplicationEntry, ...]],
+) -> ReplicationEntry:
+    """An entry that lacked its record data, given the verified bytes a RecordData fetch got."""
+    if entry.data is not None:
+        return entry
+    descriptor = entry.message.get("descriptor") if isinstance(entry.message, dict) else None
+    if not isinstance(descriptor, dict):
+        return entry
+    for ref in missing:
+        if isinstance(ref, RecordData) and descriptor.get("dataCid") == ref.data_cid:
+            for answer in cache[fetch_key(ref)]:
+                if answer.data is not None:  # answers_ref verified these bytes against dataCid
+                    return entry.with_data(answer.data)
+    return entry
+
+
+def _dedupe(entries: list[ReplicationEntry]) -> list[ReplicationEntry]:
+    """First occurrence of each CID, in order (dependencies stay ahead of what needs them)."""
+    order: dict[str, ReplicationEntry] = {}
+    for entry in entries:
+        seen = order.get(entry.cid)
+        if seen is None or seen.data is None and entry.data is not None:
+            order[entry.cid] = entry
+    return list(order.values())

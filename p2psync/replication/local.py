@@ -1,0 +1,228 @@
+"""Closure loops between two stores in one process: a local applier, a store-backed fetcher.
+
+:class:`LocalStoreFetcher` answers dependency refs from a store it reads as its owner, with
+the seed's strategy per ref type (a ``messageCid`` first). It is what a pusher uses to answer
+the receiver's refs, and what tests and tools use to reconcile two stores in-process.
+:class:`LocalApplier` applies to a local engine. :func:`reconcile` admits every message of
+one store's event log into another through the closure loop.
+
+The fetcher reads with the owner's view: it does not check that a requester may see what it
+answers (a transport that serves remote peers must, before answering).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from p2psync.dwn.encoding import b64url_decode
+from p2psync.dwn.engine import Dwn
+from p2psync.dwn.message import get_newest_message
+from p2psync.dwn.records_util import construct_prefix_filter_as_range_filter
+from p2psync.dwn.records_write import is_initial_write
+from p2psync.dwn.replication_types import (
+    Ancestor,
+    CrossProtocolRef,
+    DependencyRef,
+    Grant,
+    InitialWrite,
+    KeyDelivery,
+    Parent,
+    RecordData,
+    ReplicationApplyResult,
+    Role,
+)
+from p2psync.dwn.replication_types import Protocol as ProtocolRef
+from p2psync.dwn.store import Store
+from p2psync.replication.closure import (
+    KEY_DELIVERY_PATH,
+    KEY_DELIVERY_PROTOCOLS,
+    ClosureAdmitter,
+    ClosureOutcome,
+    ReplicationEntry,
+)
+
+__all__ = ["LocalApplier", "LocalStoreFetcher", "ReconcileReport", "reconcile"]
+
+Message = dict[str, Any]
+
+# Data above this size lives in the data store rather than inline (the reference's
+# DwnConstant.maxDataSizeAllowedToBeEncoded).
+MAX_DATA_SIZE_ENCODED = 30_000
+
+
+class LocalApplier:
+    """Applies replicated messages to a local engine (:meth:`Dwn.apply_replicated_message`)."""
+
+    def __init__(self, dwn: Dwn) -> None:
+        self.dwn = dwn
+
+    async def apply(self, tenant: str, entry: ReplicationEntry) -> ReplicationApplyResult:
+        # The engine is synchronous and quick (~1 ms a message); a caller that must stay
+        # responsive runs its closures in a thread that owns the store.
+        return self.dwn.apply_replicated_message(tenant, entry.message, entry.data)
+
+
+class LocalStoreFetcher:
+    """Answers dependency refs from ``store``, as its owner would see it."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    async def fetch(self, tenant: str, refs: Sequence[DependencyRef]) -> list[list[ReplicationEntry]]:
+        return [self.answer(tenant, ref) for ref in refs]
+
+    def answer(self, tenant: str, ref: DependencyRef) -> list[ReplicationEntry]:
+        """The entries that answer one ref (empty when this store has nothing for it)."""
+        if ref.message_cid is not None:
+            found = self.entry_by_cid(tenant, ref.message_cid)
+            return [] if found is None else [found]
+        if isinstance(ref, ProtocolRef):
+            return self._protocol(tenant, ref.protocol)
+        if isinstance(ref, InitialWrite | Parent | Ancestor):
+            return self.record_entries(tenant, ref.record_id)
+        if isinstance(ref, Grant):
+            return self.record_entries(tenant, ref.permission_grant_id)
+        if isinstance(ref, CrossProtocolRef):
+            return self.record_entries(tenant, ref.record_id, protocol=ref.protocol)
+        if isinstance(ref, Role):
+            flt: dict[str, Any] = {
+                "protocol": ref.protocol,
+                "protocolPath": ref.protocol_path,
+                "recipient": ref.recipient,
+            }
+            if ref.context_prefix is not None:
+                flt["contextId"] = construct_prefix_filter_as_range_filter(ref.context_prefix)
+            return self._live_records(tenant, flt)
+        if isinstance(ref, KeyDelivery):
+            flt = {
+                "protocol": list(KEY_DELIVERY_PROTOCOLS),
+                "protocolPath": KEY_DELIVERY_PATH,
+                "tag.protocol": ref.protocol,
+                "tag.contextId": ref.context_id,
+            }
+            return self._live_records(tenant, flt)
+        if isinstance(ref, RecordData):
+            return self._record_data(tenant, ref)
+        return []
+
+    # -- strategies ----------------------------------------------------------------------
+
+    def entry_by_cid(self, tenant: str, cid: str) -> ReplicationEntry | None:
+        """The stored message with this CID, whatever its interface, with its data when held."""
+        message = self.store.messages.get(tenant, cid)
+        if message is None:
+            return None
+        indexes = self.store.messages.get_indexes(tenant, cid) or {}
+        return self._entry(tenant, message, latest=indexes.get("isLatestBaseState") is True)
+
+    def record_entries(self, tenant: str, record_id: str, protocol: str | None = None) -> list[ReplicationEntry]:
+        """A record's initial write, then its newest write with the data (RecordsQuery by recordId).
+
+        A delete is not part of the answer: what depends on a record needs its writes, and a
+        delete travels as a message of its own.
+        """
+        flt: dict[str, Any] = {"interface": "Records", "method": "Write", "recordId": record_id}
+        if protocol is not None:
+            flt["protocol"] = protocol
+        writes, _ = self.store.messages.query(tenant, [flt])
+        newest = get_newest_message(writes)
+        if newest is None:
+            return []
+        # Only the latest state holds the data (an older initial write is kept without it).
+        live, _ = self.store.messages.query(tenant, [{**flt, "isLatestBaseState": True}])
+        out: list[ReplicationEntry] = []
+        initial = next((m for m in writes if is_initial_write(m)), None)
+        if initial is not None and initial is not newest:
+            out.append(self._entry(tenant, initial, latest=False))
+        out.append(self._entry(tenant, newest, latest=bool(live)))
+        return out
+
+    def _protocol(self, tenant: str, protocol: str) -> list[ReplicationEntry]:
+        configures, _ = self.store.messages.query(
+            tenant, [{"interface": "Protocols", "method": "Configure", "protocol": protocol}]
+        )
+        newest = get_newest_message(configures)
+        return [] if newest is None else [ReplicationEntry(newest)]
+
+    def _live_records(self, tenant: str, flt: dict[str, Any]) -> list[ReplicationEntry]:
+        matches, _ = self.store.messages.query(
+            tenant, [{**flt, "interface": "Records", "method": "Write", "isLatestBaseState": True}]
+        )
+        out: list[ReplicationEntry] = []
+        for record_id in dict.fromkeys(m["recordId"] for m in matches):
+            out.extend(self.record_entries(tenant, record_id))
+        return out
+
+    def _record_data(self, tenant: str, ref: RecordData) -> list[ReplicationEntry]:
+        # A RecordsRead: the newest write with its data, kept only when it is the data asked for.
+        entries = self.record_entries(tenant, ref.record_id)
+        newest = entries[-1] if entries else None
+        if newest is None or newest.data is None:
+            return []
+        if newest.message["descriptor"].get("dataCid") != ref.data_cid:
+            return []
+        return [newest]
+
+    # -- building entries -----------------------------------------------------------------
+
+    def _entry(self, tenant: str, stored: Message, *, latest: bool) -> ReplicationEntry:
+        """A stored message as it travels: ``encodedData`` taken out as the entry's data."""
+        message = {k: v for k, v in stored.items() if k != "encodedData"}
+        data: bytes | None = None
+        encoded = stored.get("encodedData")
+        descriptor = stored.get("descriptor", {})
+        if isinstance(encoded, str):
+            data = b64url_decode(encoded)
+        elif (
+            latest
+            and descriptor.get("interface") == "Records"
+            and descriptor.get("method") == "Write"
+            and isinstance(descriptor.get("dataSize"), int)
+            and descriptor["dataSize"] > MAX_DATA_SIZE_ENCODED
+        ):
+            data = self.store.data.get(tenant, stored["recordId"], descriptor["dataCid"])
+        return ReplicationEntry(message, data)
+
+
+# --------------------------------------------------------------------------- reconcile
+
+
+@dataclass
+class ReconcileReport:
+    """What :func:`reconcile` did: one outcome per root, in the order they were admitted."""
+
+    outcomes: list[ClosureOutcome] = field(default_factory=list)
+
+    def count(self, status: str) -> int:
+        return sum(1 for o in self.outcomes if o.status == status)
+
+    @property
+    def passes(self) -> list[int]:
+        return [o.passes for o in self.outcomes]
+
+
+async def reconcile(
+    source: Store,
+    target: Dwn,
+    tenant: str,
+    roots: Iterable[ReplicationEntry] | None = None,
+) -> ReconcileReport:
+    """Admit ``roots`` (default: every message of ``source``'s event log for ``tenant``, in log
+    order) into ``target`` through the closure loop, fetching dependencies from ``source``."""
+    fetcher = LocalStoreFetcher(source)
+    applier = LocalApplier(target)
+    if roots is None:
+        roots = _log_entries(fetcher, tenant)
+    report = ReconcileReport()
+    for root in roots:
+        report.outcomes.append(await ClosureAdmitter(tenant, root).admit(applier, fetcher))
+    return report
+
+
+def _log_entries(fetcher: LocalStoreFetcher, tenant: str) -> Iterable[ReplicationEntry]:
+    for _, cid in fetcher.store.events.read(tenant):
+        entry = fetcher.entry_by_cid(tenant, cid)
+        if entry is not None:
+            yield entry

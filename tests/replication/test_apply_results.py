@@ -1,0 +1,447 @@
+"""Replicated apply: each result kind and each dependency ref, produced by a real scenario.
+
+Messages are authored with our own classes and real Ed25519 keys; stores are SQLite files.
+Each test applies messages out of their authored order and checks the exact result.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from p2psync.dwn import permissions
+from p2psync.dwn.did import Identity
+from p2psync.dwn.encoding import b64url_encode, message_cid
+from p2psync.dwn.engine import Dwn
+from p2psync.dwn.pipe import PipeSession
+from p2psync.dwn.records import create_records_read
+from p2psync.dwn.records_write import RecordsWrite
+from p2psync.dwn.replicated import apply_replicated_message_json
+from p2psync.dwn.replication_types import (
+    Ancestor,
+    Applied,
+    Deferred,
+    Duplicate,
+    Grant,
+    Incomplete,
+    InitialWrite,
+    Invalid,
+    Parent,
+    ProgressToken,
+    Protocol,
+    RecordData,
+    ReplicationApplyResult,
+    Role,
+    Superseded,
+    telemetry_status,
+)
+from p2psync.dwn.store import Store
+from p2psync.replication.closure import ClosureAdmitter
+from p2psync.replication.local import LocalApplier, LocalStoreFetcher
+from tests.replication.support import (
+    CHAT,
+    ChatWorld,
+    Step,
+    assert_log_matches_messages,
+    chat_world,
+    grant_world,
+    log_appends,
+    process_all,
+    snapshot,
+)
+
+
+@pytest.fixture
+def replica(tmp_path: Path) -> Dwn:
+    return Dwn(Store(tmp_path / "replica.db"))
+
+
+@pytest.fixture
+def source(tmp_path: Path) -> Dwn:
+    return Dwn(Store(tmp_path / "source.db"))
+
+
+def apply(dwn: Dwn, world: ChatWorld, step: Step, *, data: bool = True) -> Any:
+    return dwn.apply_replicated_message(world.tenant, step.message, step.data if data else None)
+
+
+# --------------------------------------------------------------------------- Incomplete: refs
+
+
+def test_chat_before_its_thread_role_record_and_protocol(replica: Dwn) -> None:
+    w = chat_world()
+    s = w.steps
+    thread_id = s["thread"].message["recordId"]
+    # each refusal names exactly what the handler found missing, and stores nothing
+    assert apply(replica, w, s["chat"]) == Incomplete((Protocol(protocol=CHAT),))
+    assert replica.store.messages.count(w.tenant) == 0
+    assert apply(replica, w, s["protocol"]).kind == "Applied"
+    assert apply(replica, w, s["chat"]) == Incomplete((Parent(record_id=thread_id, protocol=CHAT),))
+    assert apply(replica, w, s["thread"]).kind == "Applied"
+    assert apply(replica, w, s["chat"]) == Incomplete(
+        (Role(protocol=CHAT, protocol_path="thread/participant", recipient=w.carol.did, context_prefix=thread_id),)
+    )
+    assert apply(replica, w, s["participant"]).kind == "Applied"
+    assert apply(replica, w, s["chat"]).kind == "Applied"
+    assert replica.store.messages.count(w.tenant) == 4
+
+
+async def test_one_incomplete_names_the_whole_missing_ancestry(replica: Dwn, source: Dwn) -> None:
+    w = chat_world()
+    s = w.steps
+    process_all(source, w.tenant, w.ordered())
+    apply(replica, w, s["protocol"])
+    result = apply(replica, w, s["reaction"])
+    # root first, the immediate parent last: one fetch pass brings the chain
+    assert result == Incomplete(
+        (
+            Ancestor(record_id=s["thread"].message["recordId"], protocol=CHAT),
+            Parent(record_id=s["chat"].message["recordId"], protocol=CHAT),
+        )
+    )
+    done = await ClosureAdmitter(w.tenant, s["reaction"].entry).admit(
+        LocalApplier(replica), LocalStoreFetcher(source.store)
+    )
+    assert done.status == "admitted"
+    # pass 1: ancestry fetched; pass 2: chat needs its role record; pass 3: all apply
+    assert (done.passes, done.fetch_requests) == (3, 2)
+    assert done.applied == (s["thread"].cid, s["participant"].cid, s["chat"].cid, s["reaction"].cid)
+
+
+def test_ancestor_missing_while_constructing_the_record_chain(replica: Dwn) -> None:
+    w = chat_world()
+    s = w.steps
+    for name in ("protocol", "thread", "participant", "chat"):
+        assert apply(replica, w, s[name]).kind == "Applied"
+    # a replica restored from a partial backup: the thread is gone, its chat is not
+    replica.store.messages.delete(w.tenant, s["thread"].cid)
+    result = apply(replica, w, s["reaction"])
+    assert result == Incomplete((Ancestor(record_id=s["thread"].message["recordId"], protocol=CHAT),))
+
+
+def test_grant_authorized_write_before_its_grant(replica: Dwn) -> None:
+    w = grant_world()
+    s = w.steps
+    apply(replica, w, s["protocol"])
+    grant_id = s["grant"].message["recordId"]
+    assert apply(replica, w, s["granted-note"]) == Incomplete((Grant(permission_grant_id=grant_id),))
+    assert apply(replica, w, s["grant"]).kind == "Applied"
+    assert apply(replica, w, s["granted-note"]).kind == "Applied"
+
+
+def test_update_before_its_initial_write(replica: Dwn) -> None:
+    w = chat_world()
+    s = w.steps
+    apply(replica, w, s["protocol"])
+    note_id = s["note"].message["recordId"]
+    # 0.5.2 refuses a non-tenant protocol update without its initial write as an action
+    # not allowed; the initial write is what is missing
+    assert apply(replica, w, s["note-update"]) == Incomplete((InitialWrite(record_id=note_id, protocol=CHAT),))
+    # the tenant's own update of a plain record: RecordsWriteGetInitialWriteNotFound
+    initial = RecordsWrite.create(
+        signer=w.alice, data=b"v1", message_timestamp=w.clock.tick(), date_created=w.clock.now
+    )
+    update = RecordsWrite.create_from(initial.message, signer=w.alice, data=b"v2", message_timestamp=w.clock.tick())
+    result = replica.apply_replicated_message(w.tenant, update.message, b"v2")
+    assert result == Incomplete((InitialWrite(record_id=initial.record_id),))
+
+
+def test_delete_before_its_record(replica: Dwn) -> None:
+    w = chat_world()
+    s = w.steps
+    note_id = s["note"].message["recordId"]
+    assert apply(replica, w, s["note-delete"]) == Incomplete((InitialWrite(record_id=note_id),))
+
+
+def test_update_without_data_whose_data_is_not_here(replica: Dwn) -> None:
+    w = chat_world()
+    s = w.steps
+    apply(replica, w, s["protocol"])
+    note = s["note"]
+    rid, protocol = note.message["recordId"], CHAT
+    # the initial write came without its data (stored for ancestry only) ...
+    assert apply(replica, w, note, data=False) == Applied(
+        ancestry_only=True, position=_token(replica, w.tenant, note.cid)
+    )
+    publish = RecordsWrite.create_from(note.message, signer=w.bob, published=True, message_timestamp=w.clock.tick())
+    # ... so an update that reuses the previous data has none to reuse
+    result = replica.apply_replicated_message(w.tenant, publish.message)
+    assert result == Incomplete(
+        (RecordData(record_id=rid, data_cid=note.message["descriptor"]["dataCid"], protocol=protocol),)
+    )
+
+
+def test_large_update_without_data_whose_data_is_not_here(replica: Dwn) -> None:
+    w = chat_world()
+    big = os.urandom(40_000)  # above the 30,000-byte inline limit: the data store holds it
+    initial = RecordsWrite.create(signer=w.alice, data=big, message_timestamp=w.clock.tick(), date_created=w.clock.now)
+    assert replica.apply_replicated_message(w.tenant, initial.message).kind == "Applied"  # 204: no data
+    publish = RecordsWrite.create_from(
+        initial.message, signer=w.alice, published=True, message_timestamp=w.clock.tick()
+    )
+    result = replica.apply_replicated_message(w.tenant, publish.message)
+    assert result == Incomplete((RecordData(record_id=initial.record_id, data_cid=initial.descriptor["dataCid"]),))
+
+
+async def test_update_without_data_after_a_write_that_is_not_here(replica: Dwn, source: Dwn) -> None:
+    w = chat_world()
+    initial = RecordsWrite.create(
+        signer=w.alice, data=b"v1", message_timestamp=w.clock.tick(), date_created=w.clock.now
+    )
+    v2 = RecordsWrite.create_from(initial.message, signer=w.alice, data=b"v2", message_timestamp=w.clock.tick())
+    publish = RecordsWrite.create_from(v2.message, signer=w.alice, published=True, message_timestamp=w.clock.tick())
+    for message, data in ((initial.message, b"v1"), (v2.message, b"v2"), (publish.message, None)):
+        assert source.process_message(w.tenant, message, data).code == 202
+    assert replica.apply_replicated_message(w.tenant, initial.message, b"v1").kind == "Applied"
+    # v2 brought the data the publish refers to; 0.5.2 reports a data CID mismatch
+    result = replica.apply_replicated_message(w.tenant, publish.message)
+    assert result == Incomplete((RecordData(record_id=initial.record_id, data_cid=v2.descriptor["dataCid"]),))
+    outcome = await ClosureAdmitter(w.tenant, Step("publish", publish.message).entry).admit(
+        LocalApplier(replica), LocalStoreFetcher(source.store)
+    )
+    assert outcome.status == "admitted"
+    read = replica.process_message(
+        w.tenant, create_records_read(signer=w.alice, filter={"recordId": initial.record_id})
+    )
+    assert (read.code, read.data) == (200, b"v2")
+
+
+# --------------------------------------------------------------------------- Applied, Duplicate, Superseded
+
+
+def _token(dwn: Dwn, tenant: str, cid: str) -> ProgressToken:
+    stream_id, epoch = dwn.store.events.stream(tenant)
+    position = dwn.store.events.position_of(tenant, cid)
+    assert position is not None
+    return ProgressToken(stream_id, epoch, position, cid)
+
+
+def test_applied_carries_this_stores_progress_token(replica: Dwn) -> None:
+    w = chat_world()
+    s = w.steps
+    first = apply(replica, w, s["protocol"])
+    second = apply(replica, w, s["thread"])
+    assert first == Applied(position=_token(replica, w.tenant, s["protocol"].cid))
+    assert second == Applied(position=_token(replica, w.tenant, s["thread"].cid))
+    assert first.position is not None and second.position is not None
+    assert second.position.position > first.position.position
+    assert second.to_json()["position"] == {
+        "streamId": first.position.stream_id,
+        "epoch": first.position.epoch,
+        "position": str(second.position.position),
+        "messageCid": s["thread"].cid,
+    }
+
+
+def test_duplicate_before_any_handler_and_repairs_a_missing_log_entry(replica: Dwn) -> None:
+    w = chat_world()
+    s = w.steps
+    apply(replica, w, s["protocol"])
+    apply(replica, w, s["thread"])
+    appends = log_appends(replica.store, w.tenant)
+    assert apply(replica, w, s["thread"]) == Duplicate()
+    assert log_appends(replica.store, w.tenant) == appends  # nothing counted twice
+    # a store that lost the entry (an interrupted import, an older version): Duplicate repairs it
+    replica.store.events.delete_events_by_cid(w.tenant, [s["thread"].cid])
+    assert replica.store.events.position_of(w.tenant, s["thread"].cid) is None
+    assert apply(replica, w, s["thread"]) == Duplicate()
+    assert replica.store.events.position_of(w.tenant, s["thread"].cid) is not None
+    assert_log_matches_messages(snapshot(replica.store, w.tenant))
+    # the protocol's configure too (dedup is by CID, whatever the interface)
+    assert apply(replica, w, s["protocol"]) == Duplicate()
+
+
+def test_superseded_by_a_newer_write(replica: Dwn) -> None:
+    w = chat_world()
+    s = w.steps
+    older = RecordsWrite.create_from(
+        s["note"].message, signer=w.bob, data=b"older", message_timestamp="2030-05-01T00:00:06.500000Z"
+    )
+    for name in ("protocol", "note", "note-update"):
+        assert apply(replica, w, s[name]).kind == "Applied"
+    before = snapshot(replica.store, w.tenant)
+    assert replica.apply_replicated_message(w.tenant, older.message, b"older") == Superseded()
+    assert snapshot(replica.store, w.tenant) == before
+
+
+def test_write_beaten_by_a_delete_is_kept_for_ancestry(tmp_path: Path) -> None:
+    """Two replicas: one deleted the note, the other updated it later without seeing the delete."""
+    w = chat_world()
+    s = w.steps
+    deleted = Dwn(Store(tmp_path / "a.db"))
+    for name in ("protocol", "note", "note-delete"):
+        assert apply(deleted, w, s[name]).kind == "Applied"
+    late = RecordsWrite.create_from(s["note"].message, signer=w.bob, data=b"late", message_timestamp=w.clock.tick())
+    # without its data first: the write that lost must still bring valid data to be kept
+    assert deleted.apply_replicated_message(w.tenant, late.message) == Incomplete(
+        (RecordData(record_id=late.record_id, data_cid=late.descriptor["dataCid"], protocol=CHAT),)
+    )
+    wrong = deleted.apply_replicated_message(w.tenant, late.message, b"late!")
+    assert isinstance(wrong, Invalid) and wrong.reason.startswith("RecordsWriteDataCidMismatch")
+    assert deleted.apply_replicated_message(w.tenant, late.message, b"late") == Superseded()
+    indexes = deleted.store.messages.get_indexes(w.tenant, late.cid)
+    assert indexes is not None and indexes["isLatestBaseState"] is False
+    read = deleted.process_message(w.tenant, create_records_read(signer=w.alice, filter={"recordId": late.record_id}))
+    assert read.code == 404  # still deleted
+    assert deleted.apply_replicated_message(w.tenant, late.message, b"late") == Duplicate()
+    assert_log_matches_messages(snapshot(deleted.store, w.tenant))
+
+
+# --------------------------------------------------------------------------- Invalid
+
+
+def test_invalid_signature_and_structure(replica: Dwn) -> None:
+    w = chat_world()
+    s = w.steps
+    apply(replica, w, s["protocol"])
+    forged = json.loads(json.dumps(s["thread"].message))
+    sig = forged["authorization"]["signature"]["signatures"][0]
+    sig["signature"] = b64url_encode(bytes(64))
+    result = replica.apply_replicated_message(w.tenant, forged, s["thread"].data)
+    assert isinstance(result, Invalid) and result.reason.startswith("GeneralJwsVerifierInvalidSignature")
+    no_method = {"descriptor": {"interface": "Records"}}
+    assert replica.apply_replicated_message(w.tenant, no_method) == Invalid(
+        "Both interface and method must be present, interface: Records, method: undefined"
+    )
+    assert replica.apply_replicated_message(w.tenant, "not a message").kind == "Invalid"
+    # a query is never something to replicate
+    query = create_records_read(signer=w.alice, filter={"recordId": s["thread"].message["recordId"]})
+    assert replica.apply_replicated_message(w.tenant, query).kind == "Invalid"
+    assert replica.store.messages.count(w.tenant) == 1
+
+
+def test_delete_of_an_already_deleted_record_is_invalid(replica: Dwn) -> None:
+    w = chat_world()
+    s = w.steps
+    for name in ("protocol", "note", "note-delete"):
+        apply(replica, w, s[name])
+    from p2psync.dwn.records import create_records_delete
+
+    again = create_records_delete(
+        record_id=s["note"].message["recordId"], signer=w.alice, message_timestamp=w.clock.tick()
+    )
+    # the record is here (deleted): nothing is missing, the reference's 404 stands
+    assert replica.apply_replicated_message(w.tenant, again) == Invalid("Not Found")
+
+
+# --------------------------------------------------------------------------- Deferred
+
+
+def test_deferred_for_a_tenant_not_served_here(tmp_path: Path) -> None:
+    w = chat_world()
+    s = w.steps
+    gated = Dwn(Store(tmp_path / "gated.db"), tenant_gate=lambda did: did != w.alice.did)
+    assert apply(gated, w, s["protocol"]) == Deferred("tenant-inactive")
+    assert gated.store.messages.count(w.tenant) == 0
+    plain = Dwn(Store(tmp_path / "plain.db"))
+    assert apply(plain, w, s["protocol"]).kind == "Applied"
+    plain.store.set_tenant_active(w.tenant, False)
+    assert apply(plain, w, s["thread"]) == Deferred("tenant-inactive")
+    plain.store.set_tenant_active(w.tenant, True)
+    assert apply(plain, w, s["thread"]).kind == "Applied"
+
+
+def test_deferred_when_the_signing_key_cannot_be_resolved(replica: Dwn) -> None:
+    w = chat_world()
+    # the kid names no verification method of the DID document
+    wrong_kid = Identity(w.alice.did, f"{w.alice.did}#not-a-key", w.alice.private_key)
+    write = RecordsWrite.create(signer=wrong_kid, data=b"x", message_timestamp=w.clock.tick(), date_created=w.clock.now)
+    assert replica.apply_replicated_message(w.tenant, write.message, b"x") == Deferred("resolver-unavailable")
+
+
+def test_deferred_on_storage_errors(replica: Dwn) -> None:
+    w = chat_world()
+    # permission-request data that is not JSON makes the reference throw (a 500 here)
+    request = RecordsWrite.create(
+        signer=w.bob,
+        data=b"not json",
+        data_format="application/json",
+        protocol=permissions.PERMISSIONS_PROTOCOL_URI,
+        protocol_path="request",
+        message_timestamp=w.clock.tick(),
+        date_created=w.clock.now,
+    )
+    assert replica.apply_replicated_message(w.tenant, request.message, b"not json") == Deferred("storage")
+    # a store that cannot be written
+    replica.store.conn.execute("PRAGMA query_only=1")
+    assert apply(replica, w, w.steps["protocol"]) == Deferred("storage")
+
+
+# --------------------------------------------------------------------------- mappings and the pipe
+
+
+def test_telemetry_status_of_each_kind() -> None:
+    results: list[ReplicationApplyResult] = [
+        Applied(),
+        Duplicate(),
+        Superseded(),
+        Incomplete((Protocol(protocol=CHAT),)),
+        Invalid("x"),
+        Deferred("storage"),
+    ]
+    assert [telemetry_status(r) for r in results] == [202, 409, 409, 424, 400, 503]
+
+
+def test_pipe_apply_op(replica: Dwn) -> None:
+    w = chat_world()
+    s = w.steps
+    session = PipeSession(
+        replica, lambda tenant, message, data: apply_replicated_message_json(replica, tenant, message, data)
+    )
+
+    def line(step: Step) -> str:
+        request: dict[str, Any] = {"op": "apply", "tenant": w.tenant, "message": step.message}
+        if step.data is not None:
+            request["data"] = b64url_encode(step.data)
+        return json.dumps(request)
+
+    assert session.handle_line(line(s["thread"])) == {
+        "cid": s["thread"].cid,
+        "result": {"kind": "Incomplete", "missing": [{"type": "Protocol", "protocol": CHAT}]},
+    }
+    reply = session.handle_line(line(s["protocol"]))
+    assert reply["cid"] == s["protocol"].cid and reply["result"]["kind"] == "Applied"
+    assert set(reply["result"]["position"]) == {"streamId", "epoch", "position", "messageCid"}
+    assert session.handle_line(line(s["protocol"])) == {"cid": s["protocol"].cid, "result": {"kind": "Duplicate"}}
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def test_message_cid_of_steps_is_stable() -> None:
+    # the worlds are deterministic: the same CIDs on every run (tests name messages by them)
+    assert (
+        chat_world().steps["chat"].cid
+        == chat_world().steps["chat"].cid
+        == message_cid(chat_world().steps["chat"].message)
+    )
+
+
+def test_the_engines_pipe_process_serves_apply(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    w = chat_world()
+    s = w.steps
+    lines = []
+    for name in ("thread", "protocol", "thread"):
+        step = s[name]
+        request: dict[str, Any] = {"op": "apply", "tenant": w.tenant, "message": step.message}
+        if step.data is not None:
+            request["data"] = b64url_encode(step.data)
+        lines.append(json.dumps(request))
+    done = subprocess.run(
+        [sys.executable, "-m", "p2psync", "dwn", "pipe", "--store", str(tmp_path / "pipe.db")],
+        input="\n".join(lines) + "\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    replies = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [r["result"]["kind"] for r in replies] == ["Incomplete", "Applied", "Applied"]
+    assert [r["cid"] for r in replies] == [s["thread"].cid, s["protocol"].cid, s["thread"].cid]
