@@ -107,16 +107,30 @@ def fetch_protocol_definition(tenant: str, protocol_uri: str, store: Store) -> d
     builtin = permissions.builtin_protocol_definition(protocol_uri)
     if builtin is not None:
         return builtin
-    messages, _ = store.messages.query(
+    cids = store.messages.query_cids(
         tenant, [{"interface": "Protocols", "method": "Configure", "protocol": protocol_uri}]
     )
-    if not messages:
-        raise _refuse(
-            "ProtocolAuthorizationProtocolNotFound",
-            f"unable to find protocol definition for {_text(protocol_uri)}",
-            _BAD_REQUEST,
-        )
-    return messages[0]["descriptor"]["definition"]  # type: ignore[no-any-return]
+    definition = _DEFINITIONS.get(cids[0]) if cids else None
+    if definition is None:
+        configure = store.messages.get(tenant, cids[0]) if cids else None
+        if configure is None:
+            raise _refuse(
+                "ProtocolAuthorizationProtocolNotFound",
+                f"unable to find protocol definition for {_text(protocol_uri)}",
+                _BAD_REQUEST,
+            )
+        definition = configure["descriptor"]["definition"]
+        _DEFINITIONS[cids[0]] = definition
+        if len(_DEFINITIONS) > _DEFINITION_CACHE_SIZE:
+            _DEFINITIONS.pop(next(iter(_DEFINITIONS)))
+    return definition
+
+
+# Parsed definitions by the CID of their ProtocolsConfigure: a CID fixes its content, so the
+# cache needs no invalidation; a write looks its definition up twice, as the reference does.
+# Callers only read definitions.
+_DEFINITION_CACHE_SIZE = 256
+_DEFINITIONS: dict[str, dict[str, Any]] = {}
 
 
 def _js_member(node: Any, key: str) -> Any:

@@ -66,7 +66,7 @@ _MIGRATIONS: dict[int, str] = {
     CREATE INDEX messages_parent ON messages(tenant, parent_id);
     CREATE INDEX messages_context ON messages(tenant, context_id);
     CREATE INDEX messages_protocol ON messages(tenant, protocol, protocol_path);
-    CREATE INDEX messages_method ON messages(tenant, interface, method, protocol);
+    CREATE INDEX messages_method ON messages(tenant, interface, method, protocol, protocol_path);
     CREATE TABLE data(
         id INTEGER PRIMARY KEY,
         tenant INTEGER NOT NULL REFERENCES tenants(id),
@@ -98,12 +98,37 @@ _INDEX_GROUPS = (
     ("parentId",),
     ("contextId",),
     ("protocol", "protocolPath"),
-    ("interface", "method", "protocol"),
+    ("interface", "method", "protocol", "protocolPath"),
 )
+# How much a property narrows (rough selectivity); a query uses the index group whose leading
+# properties it names weigh most. recordId picks one record; interface picks half the store.
+_NARROWING_WEIGHT = {
+    "recordId": 1000, "entryId": 1000, "parentId": 100, "contextId": 100,
+    "protocolPath": 20, "protocol": 5, "method": 2, "interface": 1,
+}
+
+
+def _best_group(flt: dict[str, Any]) -> list[str]:
+    """The leading properties of the index group that narrows ``flt`` most (may be empty)."""
+    usable = {p for p, v in flt.items() if p in _NARROWING_WEIGHT and _narrowable(v)}
+    if not usable:
+        return []
+    best: list[str] = []
+    best_weight = 0
+    for group in _INDEX_GROUPS:
+        used: list[str] = []
+        for prop in group:
+            if prop not in usable:
+                break
+            used.append(prop)
+        weight = sum(_NARROWING_WEIGHT[p] for p in used)
+        if weight > best_weight:
+            best, best_weight = used, weight
+    return best
 
 
 def _narrowable(value: Any) -> bool:
-    return isinstance(value, str) or (
+    return type(value) is str or (
         isinstance(value, list) and bool(value) and all(isinstance(v, str) for v in value)
     )
 
@@ -355,23 +380,16 @@ class MessageStore:
         for flt in filters or [{}]:
             where: list[str] = ["tenant=?"]
             args: list[Any] = [tid]
-            # Narrow by the first index whose leading property the filter names; SQLite has no
-            # statistics to choose between several, and a wrong guess scans the tenant.
-            for group in _INDEX_GROUPS:
-                if not _narrowable(flt.get(group[0])):
-                    continue
-                for prop in group:
-                    value = flt.get(prop)
-                    if not _narrowable(value):
-                        break
-                    column = _COLUMNS[prop]
-                    if isinstance(value, str):
-                        where.append(f"{column}=?")
-                        args.append(value)
-                    elif isinstance(value, list):
-                        where.append(f"{column} IN ({','.join('?' * len(value))})")
-                        args.extend(value)
-                break
+            # SQLite has no statistics to choose between indexes; a wrong guess scans the tenant.
+            for prop in _best_group(flt):
+                value = flt[prop]
+                column = _COLUMNS[prop]
+                if isinstance(value, str):
+                    where.append(f"{column}=?")
+                    args.append(value)
+                else:
+                    where.append(f"{column} IN ({','.join('?' * len(value))})")
+                    args.extend(value)
             sql = f"SELECT cid, body, indexes FROM messages WHERE {' AND '.join(where)}"
             for cid, body, idx in conn.execute(sql, args):
                 if cid not in found:
@@ -386,6 +404,23 @@ class MessageStore:
         pagination: dict[str, Any] | None = None,
     ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
         """Messages matching any of ``filters``, sorted and paged as the reference does."""
+        matched, next_cursor = self._match(tenant, filters, sort, pagination)
+        return [json.loads(body) for _, body, _ in matched], next_cursor
+
+    def query_cids(
+        self, tenant: str, filters: list[dict[str, Any]], sort: dict[str, int] | None = None
+    ) -> list[str]:
+        """The CIDs :meth:`query` would return, without decoding the messages."""
+        matched, _ = self._match(tenant, filters, sort, None)
+        return [key.rsplit("\x00", 1)[1] for key, _, _ in matched]
+
+    def _match(
+        self,
+        tenant: str,
+        filters: list[dict[str, Any]],
+        sort: dict[str, int] | None,
+        pagination: dict[str, Any] | None,
+    ) -> tuple[list[tuple[str, str, dict[str, Any]]], dict[str, Any] | None]:
         tid = self._s.tenant_id(tenant, create=False)
         if tid is None:
             return [], None
@@ -425,7 +460,7 @@ class MessageStore:
             if isinstance(value, bool | list):
                 raise DwnError("IndexInvalidCursorValueType", "only string or number values are supported for cursors")
             next_cursor = {"messageCid": last_cid, "value": value}
-        return [json.loads(body) for _, body, _ in matched], next_cursor
+        return matched, next_cursor
 
 
 def _str_or_none(value: Any) -> str | None:
