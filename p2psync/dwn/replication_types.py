@@ -22,6 +22,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final, Literal, TypeAlias, cast
 
+from p2psync.dwn.progress import ProgressToken, ProgressTokenInvalid
+
 __all__ = [
     "DEFERRED_REASONS",
     "Ancestor",
@@ -45,6 +47,7 @@ __all__ = [
     "Role",
     "Superseded",
     "ref_from_json",
+    "token_from_json",
     "result_from_json",
     "telemetry_status",
 ]
@@ -77,40 +80,12 @@ class ReplicationWireError(ValueError):
 # --------------------------------------------------------------------------- progress token
 
 
-@dataclass(frozen=True)
-class ProgressToken:
-    """A position in one source's event log (the RFC's ``ProgressToken``).
-
-    Positions compare numerically, and only within the same ``(stream_id, epoch)``.
-    """
-
-    stream_id: str
-    epoch: str
-    position: int
-    message_cid: str
-
-    def to_json(self) -> dict[str, Any]:
-        # The position travels as a decimal string: JSON numbers lose precision past 2**53.
-        return {
-            "streamId": self.stream_id,
-            "epoch": self.epoch,
-            "position": str(self.position),
-            "messageCid": self.message_cid,
-        }
-
-    @classmethod
-    def from_json(cls, obj: Any) -> ProgressToken:
-        if not isinstance(obj, dict):
-            raise ReplicationWireError("a progress token is a JSON object")
-        stream_id = _required_str(obj, "streamId", "progress token")
-        epoch = _required_str(obj, "epoch", "progress token")
-        cid = _required_str(obj, "messageCid", "progress token")
-        position = obj.get("position")
-        if not isinstance(position, str) or _DECIMAL.fullmatch(position) is None:
-            raise ReplicationWireError(
-                f"progress token position must be a canonical decimal string of at most {MAX_POSITION_DIGITS} digits"
-            )
-        return cls(stream_id, epoch, int(position), cid)
+def token_from_json(obj: Any) -> ProgressToken:
+    """Parse a progress token received from elsewhere; :class:`ReplicationWireError` if malformed."""
+    try:
+        return ProgressToken.from_wire(obj)
+    except ProgressTokenInvalid as exc:
+        raise ReplicationWireError(exc.detail) from exc
 
 
 # --------------------------------------------------------------------------- dependency refs
@@ -289,7 +264,7 @@ class Applied:
         if self.ancestry_only:
             out["ancestryOnly"] = True
         if self.position is not None:
-            out["position"] = self.position.to_json()
+            out["position"] = self.position.to_wire()
         return out
 
 
@@ -375,7 +350,7 @@ def result_from_json(obj: Any) -> ReplicationApplyResult:
         if not isinstance(ancestry_only, bool):
             raise ReplicationWireError("Applied: ancestryOnly must be a boolean")
         position = obj.get("position")
-        return Applied(ancestry_only, None if position is None else ProgressToken.from_json(position))
+        return Applied(ancestry_only, None if position is None else token_from_json(position))
     if kind == "Duplicate":
         return Duplicate()
     if kind == "Superseded":

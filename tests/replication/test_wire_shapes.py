@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from p2psync.dwn.encoding import cid_from_digest
 from p2psync.dwn.replication_types import (
     Ancestor,
     Applied,
@@ -34,6 +35,7 @@ from p2psync.dwn.replication_types import (
     Superseded,
     ref_from_json,
     result_from_json,
+    token_from_json,
 )
 
 DOC = Path(__file__).resolve().parents[2] / "protocol" / "replication-apply.md"
@@ -53,7 +55,9 @@ refs: st.SearchStrategy[DependencyRef] = st.one_of(
     st.builds(CrossProtocolRef, protocol=text, record_id=text, **common),
     st.builds(RecordData, record_id=text, data_cid=text, protocol=maybe, **common),
 )
-tokens = st.builds(ProgressToken, stream_id=text, epoch=text, position=st.integers(0, 10**30), message_cid=text)
+ids = st.text(min_size=1, max_size=40)
+cids = st.binary(min_size=32, max_size=32).map(lambda d: cid_from_digest(0x71, d))
+tokens = st.builds(ProgressToken, stream_id=ids, epoch=ids, position=st.integers(0, 10**30), message_cid=cids)
 results: st.SearchStrategy[ReplicationApplyResult] = st.one_of(
     st.builds(Applied, ancestry_only=st.booleans(), position=st.none() | tokens),
     st.just(Duplicate()),
@@ -84,7 +88,7 @@ def test_refs_round_trip_through_json(ref: DependencyRef) -> None:
 
 @given(json_values)
 def test_parsers_refuse_anything_else_with_one_error(value: Any) -> None:
-    for parse in (result_from_json, ref_from_json, ProgressToken.from_json):
+    for parse in (result_from_json, ref_from_json, token_from_json):
         with contextlib.suppress(ReplicationWireError):
             parse(value)
 
