@@ -93,8 +93,12 @@ def resolve(did: str) -> tuple[VerificationMethod, ...]:
     return ()
 
 
+@functools.lru_cache(maxsize=4096)
 def verification_key(kid: str) -> Ed25519PublicKey:
-    """The Ed25519 public key that ``kid`` names, or 401 as the reference refuses it."""
+    """The Ed25519 public key that ``kid`` names, or 401 as the reference refuses it.
+
+    Cached: a did:key or did:jwk document is a function of the DID, so a kid's key never changes.
+    """
     did = kid.split("#", 1)[0]
     method = next((m for m in resolve(did) if kid.endswith(m.id)), None)
     if method is None:
