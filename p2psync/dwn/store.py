@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, cast
 
 import apsw
 
@@ -137,6 +137,14 @@ _COLUMN_LIST = ", ".join(column for _, column in _NARROWING_COLUMNS)
 _COLUMN_MARKS = ",".join("?" * len(_NARROWING_COLUMNS))
 
 
+class Atomic(Protocol):
+    """A transaction scope: never swallows the exception that rolls it back."""
+
+    def __enter__(self) -> object: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+
 class Store:
     """One SQLite database file: the message store, data store and event logs of its tenants."""
 
@@ -178,12 +186,13 @@ class Store:
             raise DwnError("StoreInternal", f"no row from {sql.split()[0]}", 500)
         return row[0]
 
-    def transaction(self) -> apsw.Connection:
+    def transaction(self) -> Atomic:
         """``with store.transaction():`` — all writes inside commit together or not at all.
 
-        apsw's connection is itself the context manager (nesting becomes savepoints).
+        apsw's connection is itself the context manager (nesting becomes savepoints); an
+        exception rolls back and propagates.
         """
-        return self.conn
+        return cast(Atomic, self.conn)
 
     # -- tenants -------------------------------------------------------------------------
 

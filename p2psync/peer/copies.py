@@ -1,0 +1,108 @@
+"""A store's peer-side state: its storeId (§1.3) and the checkpoint copies it keeps for active
+peers (§4.3), in the store's own database file.
+
+The copies live beside the messages on the store's connection, so a copy is never durable while
+the messages it covers are not (one WAL file commits in order). Tables ``peer_*`` only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from typing import Any, Final
+
+from p2psync.dwn.encoding import compute_cid, dag_cbor_encode, json_compact
+from p2psync.dwn.store import Store
+from p2psync.replication.checkpoint import DirectionCheckpoint
+
+__all__ = ["CheckpointCopies", "checkpoint_id", "pair_rev", "store_id"]
+
+_SCHEMA: Final = """
+CREATE TABLE IF NOT EXISTS peer_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS peer_checkpoint_copies (
+    peer_did TEXT NOT NULL,
+    checkpoint_id TEXT NOT NULL,
+    generation INTEGER NOT NULL,
+    rev TEXT NOT NULL,
+    body TEXT NOT NULL,
+    PRIMARY KEY (peer_did, checkpoint_id)
+);
+"""
+
+
+def _ensure(store: Store) -> None:
+    store.conn.execute(_SCHEMA)
+
+
+def store_id(store: Store) -> str:
+    """The store's storeId, made (UUID v4) the first time it is asked for and never changed."""
+    _ensure(store)
+    with store.transaction():
+        row = store.conn.execute("SELECT value FROM peer_meta WHERE key='storeId'").fetchone()
+        if row is not None:
+            return str(row[0])
+        value = str(uuid.uuid4())
+        store.conn.execute("INSERT INTO peer_meta(key, value) VALUES('storeId', ?)", (value,))
+        return value
+
+
+def checkpoint_id(active_store_id: str, passive_store_id: str, scope_id: str, tenant: str) -> str:
+    """§4.2: the CID of the DAG-CBOR map of the four names of a collection copy."""
+    return compute_cid(
+        {"activeStoreId": active_store_id, "passiveStoreId": passive_store_id, "scopeId": scope_id, "tenant": tenant}
+    )
+
+
+def pair_rev(generation: int, pair: dict[str, Any]) -> str:
+    """``<generation>-<first 32 hex of sha256(DAG-CBOR(pair))>`` (§4.3)."""
+    return f"{generation}-{hashlib.sha256(dag_cbor_encode(pair)).hexdigest()[:32]}"
+
+
+class CopyRevConflict(Exception):
+    """``setCheckpoint`` with a rev that is not the stored one; ``current`` is the stored rev."""
+
+    def __init__(self, current: str | None) -> None:
+        self.current = current
+        super().__init__(f"current rev is {current}")
+
+
+class CheckpointCopies:
+    """The copies a passive store keeps, keyed by (the active's proven DID, checkpointId)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        _ensure(store)
+
+    def get(self, peer_did: str, cid: str) -> tuple[dict[str, Any], str] | None:
+        """The stored pair and its rev, or None."""
+        row = self.store.conn.execute(
+            "SELECT body, rev FROM peer_checkpoint_copies WHERE peer_did=? AND checkpoint_id=?", (peer_did, cid)
+        ).fetchone()
+        if row is None:
+            return None
+        import json
+
+        return json.loads(row[0]), str(row[1])
+
+    def set(self, peer_did: str, cid: str, pair: dict[str, Any], rev: str | None) -> str:
+        """Compare-and-set; returns the new rev after COMMIT. Validates both documents."""
+        canonical = {
+            "pull": DirectionCheckpoint.from_wire(pair.get("pull", {})).to_wire(),
+            "push": DirectionCheckpoint.from_wire(pair.get("push", {})).to_wire(),
+        }
+        with self.store.transaction():
+            row = self.store.conn.execute(
+                "SELECT generation, rev FROM peer_checkpoint_copies WHERE peer_did=? AND checkpoint_id=?",
+                (peer_did, cid),
+            ).fetchone()
+            current = None if row is None else str(row[1])
+            if rev != current:
+                raise CopyRevConflict(current)
+            generation = 1 if row is None else int(row[0]) + 1
+            new_rev = pair_rev(generation, canonical)
+            self.store.conn.execute(
+                "INSERT OR REPLACE INTO peer_checkpoint_copies(peer_did, checkpoint_id, generation, rev, body)"
+                " VALUES(?,?,?,?,?)",
+                (peer_did, cid, generation, new_rev, json_compact(canonical)),
+            )
+            return new_rev

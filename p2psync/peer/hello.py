@@ -1,0 +1,130 @@
+"""``hello``: mutual proof of DID control (replication-profiles.md §3).
+
+Each peer sends a Hello with a fresh nonce; each answers the other's with a General JWS whose
+payload binds both DIDs, both storeIds and both nonces. Sans-I/O: build, parse, prove, verify.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from dataclasses import dataclass
+from typing import Any, Final
+
+from p2psync.dwn.did import Identity, resolve
+from p2psync.dwn.encoding import b64url_decode, b64url_encode
+from p2psync.dwn.errors import DwnError
+from p2psync.dwn.jws import sign_payload, verify
+from p2psync.peer.wire import HELLO_NONCE_BYTES, PROFILE_VERSION, SUBPROTOCOL, refuse
+
+__all__ = ["HELLO_PURPOSE", "Hello", "HelloProofInvalid", "make_proof", "new_hello", "verify_proof"]
+
+#: Domain separation of hello proofs (§3): no DWN authorization payload carries it.
+HELLO_PURPOSE: Final = "p2psync-hello/1"
+#: ``agent`` text limit (§3).
+MAX_AGENT_CHARS: Final = 256
+_UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+_PAYLOAD_MEMBERS: Final = frozenset(
+    ("purpose", "subprotocol", "signer", "signerStoreId", "signerNonce", "peer", "peerStoreId", "peerNonce")
+)
+
+
+class HelloProofInvalid(Exception):
+    """The other peer's proof failed a check of §3 (the connection closes: 401)."""
+
+
+@dataclass(frozen=True)
+class Hello:
+    """One peer's hello request body."""
+
+    did: str
+    store_id: str
+    nonce: bytes
+    agent: str | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "version": PROFILE_VERSION, "did": self.did, "storeId": self.store_id, "nonce": self.nonce
+        }
+        if self.agent is not None:
+            out["agent"] = self.agent
+        return out
+
+    @classmethod
+    def from_wire(cls, obj: Any) -> Hello:
+        """Parse a received hello; ``400 HelloInvalid`` / ``HelloVersionUnsupported``."""
+        if not isinstance(obj, dict):
+            refuse(400, "HelloInvalid", "hello body must be a map")
+        version = obj.get("version")
+        if type(version) is not int or version < 0:
+            refuse(400, "HelloInvalid", "version must be an unsigned integer")
+        if version != PROFILE_VERSION:
+            refuse(400, "HelloVersionUnsupported", f"version {version}", versions=[PROFILE_VERSION])
+        did, store_id, nonce, agent = obj.get("did"), obj.get("storeId"), obj.get("nonce"), obj.get("agent")
+        if not isinstance(did, str) or not resolve(did):
+            refuse(400, "HelloInvalid", "did must be a resolvable did:key or did:jwk")
+        if not isinstance(store_id, str) or _UUID_RE.fullmatch(store_id) is None:
+            refuse(400, "HelloInvalid", "storeId must be a lower-case hyphenated UUID")
+        if not isinstance(nonce, bytes) or len(nonce) != HELLO_NONCE_BYTES:
+            refuse(400, "HelloInvalid", f"nonce must be {HELLO_NONCE_BYTES} bytes")
+        if agent is not None and (not isinstance(agent, str) or len(agent) > MAX_AGENT_CHARS):
+            refuse(400, "HelloInvalid", "agent must be text of at most 256 characters")
+        caps = obj.get("capabilities")
+        if caps is not None and (not isinstance(caps, list) or not all(isinstance(c, str) for c in caps)):
+            refuse(400, "HelloInvalid", "capabilities must be an array of text")
+        return cls(did, store_id, nonce, agent)
+
+
+def new_hello(did: str, store_id: str, agent: str | None = None) -> Hello:
+    """Our hello, with a fresh nonce from the CSPRNG."""
+    return Hello(did, store_id, secrets.token_bytes(HELLO_NONCE_BYTES), agent)
+
+
+def _payload(signer: Hello, peer: Hello) -> dict[str, str]:
+    return {
+        "purpose": HELLO_PURPOSE,
+        "subprotocol": SUBPROTOCOL,
+        "signer": signer.did,
+        "signerStoreId": signer.store_id,
+        "signerNonce": b64url_encode(signer.nonce),
+        "peer": peer.did,
+        "peerStoreId": peer.store_id,
+        "peerNonce": b64url_encode(peer.nonce),
+    }
+
+
+def make_proof(identity: Identity, mine: Hello, theirs: Hello) -> dict[str, Any]:
+    """Our reply to ``theirs``: a JWS by ``identity`` over both hellos (§3)."""
+    return sign_payload(_payload(mine, theirs), identity)
+
+
+def verify_proof(proof: Any, mine: Hello, theirs: Hello) -> None:
+    """Check the other peer's proof over our nonce (§3 checks 1-4); raise ``HelloProofInvalid``."""
+    try:
+        if not isinstance(proof, dict) or not isinstance(proof.get("payload"), str):
+            raise HelloProofInvalid("proof must be a General JWS")
+        signatures = proof.get("signatures")
+        if not isinstance(signatures, list) or len(signatures) != 1 or not isinstance(signatures[0], dict):
+            raise HelloProofInvalid("exactly one signature is required")
+        protected = signatures[0].get("protected")
+        if not isinstance(protected, str):
+            raise HelloProofInvalid("protected header missing")
+        header = json.loads(b64url_decode(protected))
+        if not isinstance(header, dict) or header.get("alg") != "EdDSA" or not isinstance(header.get("kid"), str):
+            raise HelloProofInvalid("protected header must carry alg EdDSA and a kid")
+        kid: str = header["kid"]
+        if kid.split("#", 1)[0] != theirs.did:
+            raise HelloProofInvalid("kid is not a key of the hello's DID")
+        if not any(m.id == kid for m in resolve(theirs.did)):
+            raise HelloProofInvalid("kid is not a verification method of the DID")
+        verify(proof)  # the signature over the signed bytes, with the key the kid names
+        payload = json.loads(b64url_decode(proof["payload"]).decode("utf-8"))
+    except HelloProofInvalid:
+        raise
+    except (DwnError, ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+        raise HelloProofInvalid(f"proof does not verify: {exc}") from exc
+    if not isinstance(payload, dict) or set(payload) != _PAYLOAD_MEMBERS:
+        raise HelloProofInvalid("payload must have exactly the eight hello members")
+    if payload != _payload(theirs, mine):
+        raise HelloProofInvalid("payload does not match the two hellos")
