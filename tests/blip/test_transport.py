@@ -26,9 +26,9 @@ from p2psync.blip import (
     streaming,
     transport,
 )
-from p2psync.blip.connection import BlipConnection
+from p2psync.blip.connection import BlipConnection, MessageStart
 from p2psync.blip.transport import IDLE_TIMEOUT, PING_INTERVAL, STREAM_LOW_WATER
-from p2psync.blip.wire import BIG_FRAME_SIZE, MAX_UNACKED_BYTES, MSG
+from p2psync.blip.wire import BIG_FRAME_SIZE, MAX_UNACKED_BYTES, MSG, RPY
 
 from .conftest import connected_pair
 
@@ -39,9 +39,11 @@ class CountingStream(trio.abc.HalfCloseableStream):
     def __init__(self, inner: trio.abc.HalfCloseableStream) -> None:
         self.inner = inner
         self.bytes_sent = 0
+        self.writes: list[bytes] = []  # each send_all's data, in order
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         self.bytes_sent += len(data)
+        self.writes.append(bytes(data))
         await self.inner.send_all(data)
 
     async def wait_send_all_might_not_block(self) -> None:
@@ -227,6 +229,49 @@ async def test_stalled_peer_pauses_the_sender_at_the_window() -> None:
             assert produced <= MAX_UNACKED_BYTES + BIG_FRAME_SIZE + STREAM_LOW_WATER + 65536
             assert client_stream.bytes_sent < MAX_UNACKED_BYTES + 2 * BIG_FRAME_SIZE
             nursery.cancel_scope.cancel()
+
+
+async def test_replies_to_a_burst_leave_before_the_whole_burst_is_handled() -> None:
+    """Requests that arrive in one read are handed to handlers in slices, so the first
+    replies are written while later requests are still being handled. (Answering a whole
+    read in one write makes two busy peers take turns instead of working at once.)"""
+    raw_client, raw_server = trio.testing.memory_stream_pair()
+    server_stream = CountingStream(raw_server)
+    burst = 4 * transport.FRAMES_PER_SLICE
+
+    async def server() -> None:
+        async with accept_stream(server_stream, handlers={"echo": echo}, ping_interval=None) as conn:
+            await conn.wait_closed()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(server)
+        ws = ClientProtocol(parse_uri("ws://x/"), subprotocols=["BLIP_3+P2PSync_1"])  # type: ignore[list-item]
+        ws.send_request(ws.connect())
+        await raw_client.send_all(b"".join(ws.data_to_send()))
+        ws.receive_data(await raw_client.receive_some())  # the 101 response only
+        ws.events_received()
+        core = BlipConnection()
+        for index in range(burst):
+            core.send_request({"Profile": "echo"}, b"%03d" % index + b"x" * 497)
+        for frame in core.frames_to_send(1 << 30):
+            ws.send_binary(frame)
+        await raw_client.send_all(b"".join(ws.data_to_send()))  # the whole burst at once
+        await trio.testing.wait_all_tasks_blocked()
+        # Decode what the server wrote, one write at a time (the first is the handshake).
+        replies_per_write: list[int] = []
+        for chunk in server_stream.writes[1:]:
+            ws.receive_data(chunk)
+            replies = 0
+            for received in ws.events_received():
+                assert isinstance(received, Frame)
+                for event in core.receive_message(received.data):
+                    if isinstance(event, MessageStart) and event.type == RPY and event.complete:
+                        replies += 1
+            replies_per_write.append(replies)
+        await raw_client.aclose()  # the server sees the stream end and stops
+    assert sum(replies_per_write) == burst
+    # At most two slices' replies can be ready when the writer first runs.
+    assert replies_per_write[0] <= 2 * transport.FRAMES_PER_SLICE < burst
 
 
 async def test_streaming_request_handler_and_streaming_reply() -> None:
