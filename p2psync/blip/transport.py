@@ -5,7 +5,9 @@ framing and :class:`~p2psync.blip.connection.BlipConnection` does BLIP. Each con
 three tasks in its own nursery:
 
 - the reader: receives bytes, feeds both state machines, dispatches complete requests to
-  handler tasks and replies to waiting callers. It never waits on a write;
+  handler tasks and replies to waiting callers, a slice of frames at a time so that replies
+  to the first requests of a read go out while later ones are handled. It never waits on a
+  write;
 - the writer, the only task that writes to the stream: woken by an event, it drains every
   frame the state machines have (up to a batch) into one ``send_all``;
 - the keepalive: WebSocket pings at an interval and an idle timeout above it.
