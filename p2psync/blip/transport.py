@@ -341,18 +341,29 @@ class Connection:
 
     # ------------------------------------------------------------------ running
 
-    async def run(self, leftover: list[Any] | None = None) -> None:
-        """Run the connection until it ends. :func:`connect` and :func:`serve` call this."""
+    async def run(
+        self,
+        leftover: list[Any] | None = None,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Run the connection until it ends. :func:`connect` and :func:`serve` call this.
+
+        Reports ``task_status.started()`` once the connection can run tasks
+        (:meth:`start_soon`), so a caller using ``nursery.start`` can hand it out at once.
+        """
         if self._started:
             raise RuntimeError("a connection runs once")
         self._started = True
         if self._closed.is_set():
+            task_status.started()
             return  # closed before it ever ran
         self._last_receive = trio.current_time()
         try:
             with self._run_scope:
                 async with trio.open_nursery() as nursery:
                     self._nursery = nursery
+                    task_status.started()
                     nursery.start_soon(self._writer)
                     if self._ping_interval is not None:
                         nursery.start_soon(self._keepalive)
@@ -944,7 +955,9 @@ async def _running(conn: Connection, leftover: list[Any]) -> AsyncIterator[Conne
     """
     body_error: BaseException | None = None
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(conn.run, leftover)
+        # Wait until the connection runs, so the caller may start tasks on it right away
+        # (serve's on_connect does).
+        await nursery.start(conn.run, leftover)
         try:
             yield conn
         except BaseException as exc:

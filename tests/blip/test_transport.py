@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from functools import partial
 from collections.abc import AsyncIterator
 
 import pytest
@@ -509,3 +510,29 @@ async def test_peer_that_never_reads_replies_is_dropped(monkeypatch: pytest.Monk
                 await trio.sleep(0.01)
         nursery.cancel_scope.cancel()
     assert closed == ["peer sends requests but does not read replies"]
+
+
+async def test_server_on_connect_can_call_the_client_at_once() -> None:
+    """serve's on_connect runs on a connection that is already running (it may start tasks
+    and send requests before the client says anything)."""
+    greeted = trio.Event()
+    got: list[bytes] = []
+
+    async def greet(conn: blip.Connection) -> None:
+        reply = await conn.request("greet", {}, b"hello from the server")
+        got.append(reply.body)
+
+    async def on_greet(request: blip.Request) -> blip.Reply:
+        greeted.set()
+        return blip.Reply(body=b"hi back")
+
+    async with trio.open_nursery() as nursery:
+        server = await nursery.start(partial(blip.serve, "127.0.0.1", 0, "P2PSync_1", {}, on_connect=greet))
+        async with blip.connect(f"ws://127.0.0.1:{server.port}/", app_id="P2PSync_1",
+                                handlers={"greet": on_greet}):
+            with trio.fail_after(10):
+                await greeted.wait()
+                while not got:
+                    await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+    assert got == [b"hi back"]
