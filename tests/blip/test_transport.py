@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
-from functools import partial
 from collections.abc import AsyncIterator
+from functools import partial
 
 import pytest
 import trio
