@@ -443,6 +443,35 @@ def _protocol_tags(scope: dict[str, Any]) -> dict[str, Any] | None:
     return {"protocol": scope["protocol"]} if has_protocol_scope(scope) else None
 
 
+def _permission_record(
+    signer: Identity,
+    protocol_path: str,
+    data: bytes,
+    timestamp: str | None,
+    *,
+    tags: dict[str, Any] | None,
+    recipient: str | None = None,
+    parent_context_id: str | None = None,
+) -> tuple[RecordsWrite, bytes]:
+    """A record of the permissions protocol, stamped ``timestamp`` (default now) as both its
+    ``messageTimestamp`` and ``dateCreated``."""
+    from p2psync.dwn.records_write import RecordsWrite
+
+    write = RecordsWrite.create(
+        signer=signer,
+        message_timestamp=timestamp,
+        date_created=timestamp,
+        recipient=recipient,
+        parent_context_id=parent_context_id,
+        protocol=PERMISSIONS_PROTOCOL_URI,
+        protocol_path=protocol_path,
+        data_format=PERMISSION_DATA_FORMAT,
+        data=data,
+        tags=tags,
+    )
+    return write, data
+
+
 def create_request(
     *,
     signer: Identity,
@@ -457,7 +486,6 @@ def create_request(
     ``date_requested`` sets both ``messageTimestamp`` and ``dateCreated``; the reference sets
     only the former, which makes an initial write its own DWN refuses.
     """
-    from p2psync.dwn.records_write import RecordsWrite
 
     if js_strict_equal(scope.get("interface"), "Records") and "protocol" not in scope:
         raise DwnError(
@@ -473,17 +501,7 @@ def create_request(
             ("conditions", conditions),
         ]
     )
-    write = RecordsWrite.create(
-        signer=signer,
-        message_timestamp=date_requested,
-        date_created=date_requested,
-        protocol=PERMISSIONS_PROTOCOL_URI,
-        protocol_path=REQUEST_PATH,
-        data_format=PERMISSION_DATA_FORMAT,
-        data=data,
-        tags=_protocol_tags(normalized),
-    )
-    return write, data
+    return _permission_record(signer, REQUEST_PATH, data, date_requested, tags=_protocol_tags(normalized))
 
 
 def create_grant(
@@ -503,7 +521,6 @@ def create_grant(
     ``date_granted`` (default now) becomes ``dateCreated`` and ``messageTimestamp``: the grant
     is active for messages stamped from then until before ``date_expires``.
     """
-    from p2psync.dwn.records_write import RecordsWrite
 
     if js_strict_equal(scope.get("interface"), "Records") and "protocol" not in scope:
         raise DwnError(
@@ -521,18 +538,9 @@ def create_grant(
             ("conditions", conditions),
         ]
     )
-    write = RecordsWrite.create(
-        signer=signer,
-        message_timestamp=date_granted,
-        date_created=date_granted,
-        recipient=granted_to,
-        protocol=PERMISSIONS_PROTOCOL_URI,
-        protocol_path=GRANT_PATH,
-        data_format=PERMISSION_DATA_FORMAT,
-        data=data,
-        tags=_protocol_tags(normalized),
+    return _permission_record(
+        signer, GRANT_PATH, data, date_granted, tags=_protocol_tags(normalized), recipient=granted_to
     )
-    return write, data
 
 
 def create_revocation(
@@ -547,22 +555,10 @@ def create_revocation(
     ``date_revoked`` (default now) becomes ``messageTimestamp`` and ``dateCreated``; the
     reference accepts the option but ignores it.
     """
-    from p2psync.dwn.records_write import RecordsWrite
 
     tags = None
     if has_protocol_scope(grant.scope):
         tags = {"protocol": urls.normalize_protocol_url(grant.scope["protocol"])}
     data = _data_bytes([("description", description)])
-    write = RecordsWrite.create(
-        signer=signer,
-        message_timestamp=date_revoked,
-        date_created=date_revoked,
-        # The grant is a root record, so its record ID is also its context ID.
-        parent_context_id=grant.id,
-        protocol=PERMISSIONS_PROTOCOL_URI,
-        protocol_path=REVOCATION_PATH,
-        data_format=PERMISSION_DATA_FORMAT,
-        data=data,
-        tags=tags,
-    )
-    return write, data
+    # The grant is a root record, so its record ID is also its context ID.
+    return _permission_record(signer, REVOCATION_PATH, data, date_revoked, tags=tags, parent_context_id=grant.id)
