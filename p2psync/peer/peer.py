@@ -1,65 +1,119 @@
 """``Peer``: a store and an identity that serve and run replication (replication-profiles.md).
 
 ``await peer.serve(host, port, task_status=...)`` accepts connections (the passive role);
-``await peer.sync(url, tenant=..., direction="pull")`` opens one (the active role) and pulls
-one tenant's global scope once, returning a :class:`SyncSummary`.
+``await peer.sync(url, tenant=..., direction=..., continuous=...)`` opens one (the active
+role) and pulls, pushes or both for one collection (tenant + scope). A one-shot sync returns
+a :class:`SyncSummary` once every direction has caught up and the checkpoints are saved on
+both sides; a continuous one keeps the connection, reconnecting with capped exponential
+backoff and jitter, until it is cancelled.
+
+The active side of one round (§2, §4.4, §6, §7, §11):
+
+1. ``hello``; ``getCollections`` with the collection's checkpointId, which returns the
+   passive's copy of the checkpoint pair;
+2. per direction, compare the local frontier with the copy's; on a mismatch rewind the local
+   document to the lower safe point (logged) before running;
+3. pull (``subChanges`` from the pull frontier into a :class:`Sink`) and push (our log after
+   the push frontier through a :class:`Source`) run side by side; a ``410 ProgressGap`` sends
+   the link to ``repairing``, resets the pull document and replays the source from the start;
+4. save the pair on the passive (``setCheckpoint``, MVCC ``rev``; a stale rev is re-read and
+   retried) while a direction progresses and at the end.
 """
 
 from __future__ import annotations
 
+import logging
+import random
+import time
 import weakref
-from dataclasses import dataclass
-from typing import Any, Literal
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Final, Literal
 
 import trio
 
 from p2psync import blip
 from p2psync.dwn.did import Identity
 from p2psync.dwn.engine import Dwn
+from p2psync.dwn.progress import ProgressToken
 from p2psync.dwn.store import Store
+from p2psync.peer.committer import GroupCommitter
 from p2psync.peer.copies import CheckpointCopies, checkpoint_id, store_id
 from p2psync.peer.hello import new_hello
-from p2psync.peer.session import PeerSession, SinkFeed, SyncStats
-from p2psync.peer.wire import APP_ID, PeerError, decode_body, encode_body
+from p2psync.peer.session import ALL_PROFILES, PeerSession
+from p2psync.peer.sink import Sink
+from p2psync.peer.source import Source
+from p2psync.peer.stats import SyncProgress, SyncStats, SyncSummary
+from p2psync.peer.wire import APP_ID, DEFAULT_BATCH, PeerError, decode_body, encode_body
 from p2psync.replication.checkpoint import DirectionCheckpoint
-from p2psync.replication.ledger import Direction, Ledger
+from p2psync.replication.ledger import Direction, Ledger, LinkKey, LinkState, retry_delay
 from p2psync.replication.scope import SyncScope
 
-__all__ = ["AGENT", "Peer", "SyncSummary"]
+__all__ = ["AGENT", "CHECKPOINT_INTERVAL", "Peer", "SyncProgress", "SyncStats", "SyncSummary"]
+
+log = logging.getLogger("p2psync.peer")
 
 AGENT = "p2psync/0.1.0"
+#: §4.4 cadence: save the pair at most once a second, and at least every 5 s while a direction
+#: progresses (we save every 2 s when something changed).
+CHECKPOINT_INTERVAL: Final = 2.0
+#: Attempts of a one-shot sync when the connection drops mid-way (the first included).
+ONE_SHOT_ATTEMPTS: Final = 3
 
-
-@dataclass
-class SyncSummary:
-    """What one ``sync`` did."""
-
-    tenant: str
-    remote: str
-    stats: SyncStats
-    checkpoint: dict[str, Any]
-    copy_rev: str | None
+Direction_ = Literal["pull", "push", "both"]
+Connector = Callable[[dict[str, Any]], AbstractAsyncContextManager[blip.Connection]]
 
 
 class Peer:
-    """A replicating peer over one store, proving ``identity``'s DID in hello."""
+    """A replicating peer over one store, proving ``identity``'s DID in hello.
 
-    def __init__(self, store: Store, identity: Identity) -> None:
+    ``accept_push``: whether the passive side takes ``proposeChanges`` (§5: a sink may refuse
+    pushes by policy). ``authorizer``: decides reads by peers other than the tenant (§5); by
+    default a :class:`~p2psync.replication.authz.ReadAuthorizer` over ``store``.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        identity: Identity,
+        *,
+        accept_push: bool = True,
+        authorizer: Any = None,
+        max_unanswered_revs: int | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
         self.store = store
         self.identity = identity
         self.dwn = Dwn(store)
         self.ledger = Ledger.for_store(store)
         self.copies = CheckpointCopies(store)
+        self.committer = GroupCommitter(store)
         self.store_id = store_id(store)
+        self.accept_push = accept_push
+        if authorizer is None:
+            from p2psync.replication.authz import ReadAuthorizer
+
+            authorizer = ReadAuthorizer(store)
+        self.authorizer = authorizer
+        self.max_unanswered_revs = max_unanswered_revs
+        self._rng = rng or random.Random()
+        self._retry_now = trio.Event()
         self._sessions: weakref.WeakKeyDictionary[blip.Connection, PeerSession] = weakref.WeakKeyDictionary()
 
+    # -- sessions ---------------------------------------------------------------------------
+
     def _new_session(self, active: bool) -> PeerSession:
+        extra: dict[str, Any] = {}
+        if self.max_unanswered_revs is not None:
+            extra["max_unanswered_revs"] = self.max_unanswered_revs
         return PeerSession(
             store=self.store, dwn=self.dwn, identity=self.identity, ledger=self.ledger, copies=self.copies,
-            mine=new_hello(self.identity.did, self.store_id, AGENT), active=active,
+            committer=self.committer, mine=new_hello(self.identity.did, self.store_id, AGENT), active=active,
+            accept_push=self.accept_push, authorizer=self.authorizer, **extra,
         )
 
-    def _session_for(self, conn: blip.Connection, active: bool) -> PeerSession:
+    def session_for(self, conn: blip.Connection, active: bool) -> PeerSession:
+        """The session of ``conn`` (made on first use)."""
         session = self._sessions.get(conn)
         if session is None:
             session = self._new_session(active)
@@ -67,78 +121,374 @@ class Peer:
             self._sessions[conn] = session
         return session
 
-    def _handlers(self, active: bool) -> dict[str, Any]:
-        profiles = ["hello", "getCollections", "getCheckpoint", "setCheckpoint", "subChanges",
-                    "getDependencies", "getAttachment", "changes", "rev", "norev"]
+    def handlers(self, *, active: bool) -> dict[str, Any]:
+        """The BLIP handler table of one role (for ``blip.connect``/``accept_stream``)."""
         peer = self
 
         def make(profile: str) -> Any:
             async def handler(request: blip.Request) -> blip.Reply | None:
-                session = peer._session_for(request.connection, active)
+                session = peer.session_for(request.connection, active)
                 result: blip.Reply | None = await session.handlers()[profile](request)
                 return result
+
             return handler
 
-        return {p: make(p) for p in profiles}
+        return {p: make(p) for p in ALL_PROFILES}
+
+    async def _on_connect(self, conn: blip.Connection) -> None:
+        # §3: the passive sends its hello at once too (both cross in one round trip).
+        session = self.session_for(conn, active=False)
+        conn.start_soon(session.hello_quietly)
+
+    # -- passive ----------------------------------------------------------------------------
 
     async def serve(
         self, host: str, port: int, *, task_status: trio.TaskStatus[blip.BlipServer] = trio.TASK_STATUS_IGNORED
     ) -> None:
         """Serve the passive role until cancelled (``server = await nursery.start(peer.serve, ...)``)."""
+        await blip.serve(host, port, APP_ID, self.handlers(active=False), on_connect=self._on_connect,
+                         task_status=task_status)
 
-        # The passive's hello starts when the active's arrives (PeerSession.on_hello); the
-        # active sends its hello first thing, and a silent active is cut by BLIP's idle timeout.
-        await blip.serve(host, port, APP_ID, self._handlers(active=False), task_status=task_status)
+    # -- active -----------------------------------------------------------------------------
 
-    async def sync(self, url: str, *, tenant: str, direction: Literal["pull"] = "pull") -> SyncSummary:
-        """One-shot pull of ``tenant``'s global scope from the peer at ``url``."""
-        if direction != "pull":
-            raise NotImplementedError("only pull is implemented in this slice")
-        async with blip.connect(url, app_id=APP_ID, handlers=self._handlers(active=True)) as conn:
-            session = self._session_for(conn, active=True)
+    def retry_now(self) -> None:
+        """Wake every reconnect loop that is waiting out its backoff (an operator's "sync now")."""
+        self._retry_now.set()
+        self._retry_now = trio.Event()
+
+    def _connector(self, target: str | Connector) -> Connector:
+        if not isinstance(target, str):
+            return target
+        url = target
+
+        def connect(handlers: dict[str, Any]) -> AbstractAsyncContextManager[blip.Connection]:
+            return blip.connect(url, app_id=APP_ID, handlers=handlers)
+
+        return connect
+
+    async def sync(
+        self,
+        target: str | Connector,
+        *,
+        tenant: str,
+        scope: SyncScope | None = None,
+        direction: Direction_ = "pull",
+        continuous: bool = False,
+        on_progress: Callable[[SyncProgress], None] | None = None,
+        grants: list[dict[str, Any]] | None = None,
+        batch: int = DEFAULT_BATCH,
+    ) -> SyncSummary:
+        """Replicate one collection with the peer at ``target`` (a ``ws://`` URL, or a connector
+        taking a handler table and yielding a running :class:`blip.Connection`).
+
+        One-shot (default): returns when every direction has caught up and the checkpoints are
+        saved; a connection lost mid-way is retried (from the saved frontier) up to
+        :data:`ONE_SHOT_ATTEMPTS` times. Continuous: runs until cancelled, reconnecting with
+        backoff. Raises :class:`PeerError` for refusals (403, a failed hello: ``HelloFailed``).
+        """
+        if direction not in ("pull", "push", "both"):
+            raise ValueError("direction must be pull, push or both")
+        scope = scope or SyncScope.global_scope()
+        connect = self._connector(target)
+        started = time.monotonic()
+        attempt = 0
+        totals: dict[str, SyncStats] = {}
+        while True:
+            attempt += 1
+            round_ = _Round(self, connect, tenant, scope, direction, continuous, on_progress, grants or [], batch,
+                            totals)
+            try:
+                summary = await round_.run()
+            except (PeerError, blip.ConnectionClosed, OSError) as exc:
+                retryable = _retryable(exc)
+                if round_.key is not None:
+                    self.ledger.record_failure(round_.key, _error_name(exc))
+                if not retryable or (not continuous and attempt >= ONE_SHOT_ATTEMPTS):
+                    raise
+                failures = self.ledger.link(round_.key).failure_count if round_.key is not None else attempt
+                delay = retry_delay(failures).total_seconds()
+                delay = delay * (0.5 + self._rng.random() / 2)  # equal jitter: never a synchronized herd
+                log.info("sync with %s: %s; retrying in %.1f s", round_.remote or target, exc, delay)
+                with trio.move_on_after(delay):
+                    await self._retry_now.wait()
+                continue
+            summary.seconds = time.monotonic() - started
+            summary.rounds = attempt
+            return summary
+
+
+def _retryable(exc: BaseException) -> bool:
+    if isinstance(exc, blip.ConnectionClosed | OSError):
+        return True
+    if isinstance(exc, PeerError):
+        return exc.code in (409, 424, 503) and exc.name not in ("RoleMismatch", "FeedActive") or exc.code == 410
+    return False
+
+
+def _error_name(exc: BaseException) -> str:
+    if isinstance(exc, PeerError):
+        return f"{exc.code} {exc.name}"
+    return type(exc).__name__
+
+
+class _Round:
+    """One connection of an active sync (see the module doc)."""
+
+    def __init__(
+        self,
+        peer: Peer,
+        connect: Connector,
+        tenant: str,
+        scope: SyncScope,
+        direction: Direction_,
+        continuous: bool,
+        on_progress: Callable[[SyncProgress], None] | None,
+        grants: list[dict[str, Any]],
+        batch: int,
+        totals: dict[str, SyncStats],
+    ) -> None:
+        self.peer = peer
+        self.connect = connect
+        self.tenant = tenant
+        self.scope = scope
+        self.pull = direction in ("pull", "both")
+        self.push = direction in ("push", "both")
+        self.continuous = continuous
+        self.on_progress = on_progress
+        self.grants = grants
+        self.batch = batch
+        self.totals = totals
+        self.key: LinkKey | None = None
+        self.remote: str | None = None
+        self.session: PeerSession | None = None
+        self.index = 0
+        self.copy_rev: str | None = None
+        self._saved: dict[str, Any] | None = None
+        self.sink: Sink | None = None
+        self.source: Source | None = None
+        self._latest: int | None = None
+
+    @property
+    def ledger(self) -> Ledger:
+        return self.peer.ledger
+
+    async def run(self) -> SyncSummary:
+        peer = self.peer
+        async with self.connect(peer.handlers(active=True)) as conn:
+            session = self.session = peer.session_for(conn, active=True)
             await session.hello()
             assert session.theirs is not None
-            scope = SyncScope.global_scope()
-            cp_id = checkpoint_id(self.store_id, session.theirs.store_id, scope.scope_id, tenant)
-            reply = await session.call(
-                "getCollections", {},
-                encode_body({"collections": [{"tenant": tenant, "scope": scope.to_wire(), "checkpointId": cp_id}]}),
-            )
+            self.remote = f"{session.theirs.did}?storeId={session.theirs.store_id}"
+            cp_id = checkpoint_id(peer.store_id, session.theirs.store_id, self.scope.scope_id, self.tenant)
+            self.index = session.declare(self.tenant, self.scope, cp_id)
+            coll: dict[str, Any] = {"tenant": self.tenant, "scope": self.scope.to_wire(), "checkpointId": cp_id}
+            if self.grants:
+                coll["grants"] = self.grants
+            reply = await session.call("getCollections", {}, encode_body({"collections": [coll]}))
             copies = decode_body(reply.body)
             copy = copies[0] if isinstance(copies, list) and copies else None
-            if copy is None:
+            if not isinstance(copy, dict):
+                session.refused(self.index)
                 raise PeerError(404, "CollectionNotFound", "the peer refused the collection")
-            link = self.ledger.open_link(tenant, f"{session.theirs.did}?storeId={session.theirs.store_id}", scope)
-            local, _ = self.ledger.get_checkpoint(link.key, Direction.PULL)
-            copy_pull = DirectionCheckpoint.from_wire(copy.get("pull", {})) if copy else DirectionCheckpoint()
-            since = _start_token(local, copy_pull)
-            feed = SinkFeed(session, 0, tenant, link.key, since)
-            session.sink_feeds[0] = feed
-            await session.call(
-                "subChanges", {"collection": "0"}, encode_body({} if since is None else {"since": since.to_wire()})
-            )
-            await feed.wait_drained()
-            pull, _ = self.ledger.get_checkpoint(link.key, Direction.PULL)
-            push, _ = self.ledger.get_checkpoint(link.key, Direction.PUSH)
-            props = {"collection": "0"}
-            if copy.get("rev"):
-                props["rev"] = copy["rev"]
-            body = encode_body({"pull": pull.to_wire(), "push": push.to_wire()})
-            done = await session.call("setCheckpoint", props, body)
-            self.ledger.record_success(link.key)
+            link = self.ledger.open_link(self.tenant, self.remote, self.scope)
+            self.key = link.key
+            self.copy_rev = copy.get("rev") if isinstance(copy.get("rev"), str) else None
+            pull_since = self._start(Direction.PULL, copy.get("pull", {}))
+            push_since = self._start(Direction.PUSH, copy.get("push", {}))
+            try:
+                async with trio.open_nursery() as nursery:
+                    done = trio.Event()
+                    nursery.start_soon(self._saver, done)
+                    async with trio.open_nursery() as directions:
+                        if self.pull:
+                            directions.start_soon(self._pull, pull_since)
+                        if self.push:
+                            directions.start_soon(self._push, push_since)
+                    done.set()
+            except BaseExceptionGroup as group:
+                raise _first_cause(group) from None
+            await self._save()
+            state = self.ledger.link(self.key).state
+            if state in (LinkState.INITIAL, LinkState.REPAIRING, LinkState.DEGRADED_POLL):
+                self.ledger.transition(self.key, LinkState.LIVE, reason="caught_up")
+            self.ledger.record_success(self.key)
             await conn.aclose()
-            return SyncSummary(tenant, link.key.remote, feed.stats, pull.to_wire(), done.properties.get("rev"))
+        pull_cp, _ = self.ledger.get_checkpoint(self.key, Direction.PULL)
+        push_cp, _ = self.ledger.get_checkpoint(self.key, Direction.PUSH)
+        return SyncSummary(
+            self.tenant, self.remote, self.totals.get("pull"), self.totals.get("push"),
+            {"pull": pull_cp.to_wire(), "push": push_cp.to_wire()}, self.copy_rev,
+            state=str(self.ledger.link(self.key).state),
+        )
+
+    # -- start (§4.4) ------------------------------------------------------------------------
+
+    def _start(self, direction: Direction, copy_doc: Any) -> ProgressToken | None:
+        assert self.key is not None
+        local, _ = self.ledger.get_checkpoint(self.key, direction)
+        try:
+            copy = DirectionCheckpoint.from_wire(copy_doc if isinstance(copy_doc, dict) else {})
+        except Exception:  # a broken copy counts as none: restart from the start, safely
+            copy = DirectionCheckpoint()
+        mine, theirs = local.contiguous_applied_token, copy.contiguous_applied_token
+        if mine == theirs:
+            return mine
+        safe = min(mine, theirs) if mine is not None and theirs is not None and mine.same_domain(theirs) else None
+        if safe != mine or local.pending_tokens or local.unapplied_tokens:
+            self.ledger.rewind_checkpoint(self.key, direction, safe, reason="checkpoint_mismatch")
+        return safe
+
+    # -- pull ----------------------------------------------------------------------------------
+
+    async def _pull(self, since: ProgressToken | None) -> None:
+        session, key = self.session, self.key
+        assert session is not None and key is not None
+        stats = self.totals.setdefault("pull", SyncStats())
+        while True:
+            sink = self.sink = Sink(session, self.index, self.tenant, key=key, since=since,
+                                    on_progress=lambda: self._progress("pull"))
+            sink.stats = stats
+            session.sinks[self.index] = sink
+            props = {"collection": str(self.index), "batch": str(self.batch)}
+            if self.continuous:
+                props["continuous"] = "true"
+            try:
+                reply = await session.call(
+                    "subChanges", props, encode_body({} if since is None else {"since": since.to_wire()})
+                )
+            except PeerError as exc:
+                if exc.code != 410:
+                    raise
+                # §11 gap: repairing, reset the pull document, replay the source from the start.
+                log.info("pull from %s: %s; repairing", self.remote, exc.detail)
+                self.ledger.transition(key, LinkState.REPAIRING, reason="progress_gap", direction=Direction.PULL,
+                                       error_code="ProgressGap")
+                _, rev = self.ledger.get_checkpoint(key, Direction.PULL)
+                self.ledger.reset_checkpoint(key, Direction.PULL, rev, reason="progress_gap")
+                since = None
+                continue
+            latest = decode_body(reply.body).get("latest") if reply.body else None
+            if isinstance(latest, dict) and isinstance(latest.get("position"), str):
+                stats.latest = int(latest["position"]) if latest["position"].isdigit() else None
+            await sink.wait_drained()
+            session.committer.flush()
+            if self.continuous:
+                self._go_live()
+                await _until_closed(session)
+            return
+
+    def _go_live(self) -> None:
+        assert self.key is not None
+        if self.ledger.link(self.key).state != LinkState.LIVE:
+            self.ledger.transition(self.key, LinkState.LIVE, reason="caught_up")
+
+    # -- push ----------------------------------------------------------------------------------
+
+    async def _push(self, since: ProgressToken | None) -> None:
+        session, key = self.session, self.key
+        assert session is not None and key is not None
+        coll = session.collections[self.index]
+        assert coll is not None
+        decision = session.decision(coll)
+        if not decision.allowed:
+            # §5: pushing is disclosure; only to an authorized reader by our own store.
+            raise PeerError(403, "SyncNotAuthorized", f"the peer may not read this tenant: {decision.reason}")
+        since = self._push_domain(since)
+        source = self.source = Source(
+            session, self.index, self.tenant, self.scope, batch=self.batch, continuous=self.continuous,
+            push_key=key, may_read=decision.may_read, on_progress=lambda: self._progress("push"),
+        )
+        source.stats = self.totals.setdefault("push", SyncStats())
+        session.sources[self.index] = source
+        await source.run(since)
+
+    def _push_domain(self, since: ProgressToken | None) -> ProgressToken | None:
+        """§11: a pusher whose own log changed stream or epoch resets its push document."""
+        assert self.key is not None
+        store = self.peer.store
+        if since is None or store.tenant_id(self.tenant, create=False) is None:
+            return since
+        if since.domain == store.events.stream(self.tenant):
+            return since
+        self.ledger.transition(self.key, LinkState.REPAIRING, reason="epoch_changed", direction=Direction.PUSH)
+        _, rev = self.ledger.get_checkpoint(self.key, Direction.PUSH)
+        self.ledger.reset_checkpoint(self.key, Direction.PUSH, rev, reason="epoch_changed")
+        return None
+
+    # -- checkpoints (§4.3, §4.4) ---------------------------------------------------------------
+
+    async def _saver(self, done: trio.Event) -> None:
+        while not done.is_set():
+            with trio.move_on_after(CHECKPOINT_INTERVAL):
+                await done.wait()
+            if not done.is_set():
+                await self._save()
+
+    async def _save(self) -> None:
+        """Send the pair as the ledger holds it (only committed documents, §4.4 order)."""
+        session, key = self.session, self.key
+        assert session is not None and key is not None
+        session.committer.flush()
+        pull, _ = self.ledger.get_checkpoint(key, Direction.PULL)
+        push, _ = self.ledger.get_checkpoint(key, Direction.PUSH)
+        pair = {"pull": pull.to_wire(), "push": push.to_wire()}
+        if pair == self._saved:
+            return
+        for _ in range(2):
+            props = {"collection": str(self.index)}
+            if self.copy_rev is not None:
+                props["rev"] = self.copy_rev
+            try:
+                done = await session.call("setCheckpoint", props, encode_body(pair))
+            except PeerError as exc:
+                if exc.code != 409 or exc.name != "CheckpointRevConflict":
+                    raise
+                # Another connection of ours wrote it (a stale rev): take the current rev, retry.
+                current = exc.body.get("rev")
+                self.copy_rev = current if isinstance(current, str) else None
+                continue
+            self.copy_rev = done.properties.get("rev")
+            self._saved = pair
+            return
+        raise PeerError(409, "CheckpointRevConflict", "the copy changed twice while saving")
+
+    def _progress(self, direction: Literal["pull", "push"]) -> None:
+        if self.on_progress is None:
+            return
+        stats = self.totals.get(direction)
+        if stats is None:
+            return
+        position = None
+        if direction == "pull" and self.sink is not None and self.sink.window.last is not None:
+            position = self.sink.window.last.position
+        elif direction == "push" and self.source is not None:
+            position = self.source.position
+        moved = stats.bytes_received if direction == "pull" else stats.bytes_sent
+        self.on_progress(SyncProgress(direction, stats.revs_settled + stats.items_skipped, moved, stats.items_offered,
+                                      stats.latest, position))
 
 
-def _start_token(local: DirectionCheckpoint, copy: DirectionCheckpoint) -> Any:
-    """§4.4 on start: equal frontiers resume; otherwise the lower safe point (or the start).
+def _first_cause(group: BaseExceptionGroup[Any]) -> BaseException:
+    """The exception to report from a failed round: a refusal before a lost connection."""
+    leaves: list[BaseException] = []
 
-    Deviation (draft 0 slice): the local document is not rewound (the ledger has no rewind
-    yet); a replay below the frontier only re-offers items, which are 304 and no-op marks.
-    """
-    mine, theirs = local.contiguous_applied_token, copy.contiguous_applied_token
-    if mine == theirs:
-        return mine
-    if mine is not None and theirs is not None and mine.same_domain(theirs):
-        return min(mine, theirs)
-    return None
+    def walk(exc: BaseException) -> None:
+        if isinstance(exc, BaseExceptionGroup):
+            for inner in exc.exceptions:
+                walk(inner)
+        else:
+            leaves.append(exc)
+
+    walk(group)
+    for kind in (PeerError, blip.ConnectionClosed):
+        for leaf in leaves:
+            if isinstance(leaf, kind) and not (isinstance(leaf, PeerError) and leaf.name == "ConnectionLost"):
+                return leaf
+    return leaves[0]
+
+
+async def _until_closed(session: PeerSession) -> None:
+    assert session.conn is not None
+    await session.conn.wait_closed()
+    raise PeerError(503, "ConnectionLost", session.conn.close_reason or "closed")
+

@@ -56,7 +56,7 @@ from p2psync.dwn.encoding import dag_cbor_encode, json_compact
 from p2psync.dwn.errors import DwnError
 from p2psync.dwn.store import Store
 from p2psync.dwn.timeutil import datetime_from_timestamp, timestamp_from_datetime
-from p2psync.replication.checkpoint import CheckpointPendingOverflow, DirectionCheckpoint
+from p2psync.replication.checkpoint import CheckpointInvalid, CheckpointPendingOverflow, DirectionCheckpoint
 from p2psync.replication.scope import SyncScope
 from p2psync.replication.tokens import ProgressToken
 
@@ -214,12 +214,12 @@ class Link:
 
 @dataclass(frozen=True, slots=True)
 class LinkTransition:
-    """One state change (``kind="state"``) or checkpoint reset (``kind="checkpoint_reset"``)."""
+    """One state change (``kind="state"``), checkpoint reset or rewind (``checkpoint_reset``, ``checkpoint_rewind``)."""
 
     id: int
     key: LinkKey
     at: datetime
-    kind: Literal["state", "checkpoint_reset"]
+    kind: Literal["state", "checkpoint_reset", "checkpoint_rewind"]
     state_from: LinkState
     state_to: LinkState
     reason: str
@@ -347,7 +347,7 @@ _MIGRATIONS: Final[dict[int, str]] = {
         id INTEGER PRIMARY KEY,
         link INTEGER NOT NULL REFERENCES ledger_links(id),
         at TEXT NOT NULL,
-        kind TEXT NOT NULL,              -- 'state' | 'checkpoint_reset'
+        kind TEXT NOT NULL,              -- 'state' | 'checkpoint_reset' | 'checkpoint_rewind'
         state_from TEXT NOT NULL,
         state_to TEXT NOT NULL,
         reason TEXT NOT NULL,
@@ -546,7 +546,7 @@ class Ledger:
         events: list[LedgerEvent],
         key: LinkKey,
         link_id: int,
-        kind: Literal["state", "checkpoint_reset"],
+        kind: Literal["state", "checkpoint_reset", "checkpoint_rewind"],
         state_from: LinkState,
         state_to: LinkState,
         reason: str,
@@ -735,6 +735,32 @@ class Ledger:
                 raise CheckpointRevConflict(rev, current_rev)
             self._log(events, key, int(row[0]), "checkpoint_reset", state, state, reason, direction, None)
             return self._store(events, key, int(row[0]), direction, generation, DirectionCheckpoint())
+
+    def rewind_checkpoint(
+        self, key: LinkKey, direction: Direction, to: ProgressToken | None, *, reason: str
+    ) -> tuple[DirectionCheckpoint, str]:
+        """Move one direction back to the safe point ``to`` (None: the start), in any state.
+
+        replication-profiles.md §4.4: when the local frontier and the passive's copy disagree,
+        the direction restarts from the lower point. ``to`` must be at or below the current
+        frontier, in its domain (anything else is ``CheckpointRegression``'s opposite and is
+        refused as ``CheckpointInvalid``). Logged as a ``checkpoint_rewind`` row; a rewind to
+        where the document already stands changes nothing.
+        """
+        direction = Direction(direction)
+        with self._write() as events:
+            row = self._link_row(key)
+            link_id = int(row[0])
+            current, generation, rev = self._load(link_id, direction)
+            frontier = current.contiguous_applied_token
+            if to is not None and (frontier is None or not to.same_domain(frontier) or to > frontier):
+                raise CheckpointInvalid("a rewind goes to a token at or below the frontier, in its domain")
+            target = DirectionCheckpoint() if to is None else DirectionCheckpoint(to, to)
+            if target == current:
+                return current, rev or ""
+            state = LinkState(row[5])
+            self._log(events, key, link_id, "checkpoint_rewind", state, state, reason, direction, None)
+            return target, self._store(events, key, link_id, direction, generation, target)
 
     def record_received(self, key: LinkKey, direction: Direction, token: ProgressToken) -> CheckpointUpdate:
         """``DirectionCheckpoint.received`` on the stored document, committed."""

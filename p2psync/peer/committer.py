@@ -1,0 +1,149 @@
+"""Group commit: one write transaction at a time on a store's connection, shared by every task.
+
+Replication applies many small messages; a commit per message costs an fsync-ordered WAL
+write each and caps a sink near 1,000 messages/s (docs/benchmarks.md). A :class:`GroupCommitter`
+lets the tasks of a peer (every `rev` of every connection, checkpoint updates) write into one
+open transaction and releases each writer only after the COMMIT that holds its writes — the
+`rev` rule "reply after the apply is durably committed; several `rev`s may share one commit"
+(replication-profiles.md §8.2).
+
+Everything runs on the trio thread, so there is no lock: :meth:`run` executes a synchronous
+write now, inside the open transaction, and returns a ticket; :meth:`durable` yields a few
+scheduling rounds (so writers that are already runnable join the batch), then commits.
+Writes that must be atomic with a batch (ledger steps for the applied messages) register a
+:meth:`before_commit` hook.
+
+A failed COMMIT rolls the batch back and fails every writer of it with
+:class:`StoreUnavailable`: their results were never durable, so nobody may be told otherwise.
+Callers must then drop any in-memory progress they derived (the peer closes the connection
+and resumes from the ledger).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Final, TypeVar
+
+import apsw
+import trio
+
+from p2psync.dwn.store import Store
+
+__all__ = ["MAX_BATCH_WRITES", "GroupCommitter", "StoreUnavailable"]
+
+log = logging.getLogger("p2psync.peer.commit")
+
+T = TypeVar("T")
+
+#: Writes per transaction before a commit is forced. Ours: past ~64 messages a batch gains
+#: nothing measurable (the fsync is amortized) and replies would wait longer.
+MAX_BATCH_WRITES: Final = 64
+#: Idle scheduling rounds before committing: enough for a `rev` handler that was woken by the
+#: previous apply to reach :meth:`run` (it needs one round to wake, one to decode and apply).
+_IDLE_ROUNDS: Final = 3
+
+
+class StoreUnavailable(Exception):
+    """The commit that held a write failed; the write is not in the store."""
+
+
+class _Batch:
+    __slots__ = ("done", "error", "hooks", "number", "writes")
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+        self.writes = 0
+        self.done = trio.Event()
+        self.error: BaseException | None = None
+        self.hooks: list[Callable[[], None]] = []
+
+
+class GroupCommitter:
+    """The one writer of ``store``'s connection for the tasks of a peer (see the module doc)."""
+
+    def __init__(self, store: Store, *, max_writes: int = MAX_BATCH_WRITES) -> None:
+        self.store = store
+        self.max_writes = max_writes
+        self._batch: _Batch | None = None
+        self._numbers = 0
+        self._committed = trio.Event()
+        #: commits so far (for tests and metrics)
+        self.commits = 0
+
+    @property
+    def in_batch(self) -> bool:
+        return self._batch is not None
+
+    def run(self, fn: Callable[[], T]) -> tuple[T, _Batch]:
+        """Run the synchronous write ``fn`` inside the open batch (opening one); returns its
+        result and the batch to pass to :meth:`durable`. ``fn``'s exceptions propagate; its
+        own nested savepoints decide what of it is undone."""
+        batch = self._batch
+        if batch is None:
+            self._numbers += 1
+            batch = self._batch = _Batch(self._numbers)
+            # IMMEDIATE: take the write lock now, so another process's writer waits here
+            # instead of failing this batch at COMMIT.
+            self.store.conn.execute("BEGIN IMMEDIATE")
+        result = fn()
+        batch.writes += 1
+        if batch.writes >= self.max_writes:
+            self._commit(batch)
+        return result, batch
+
+    def before_commit(self, hook: Callable[[], None]) -> None:
+        """Call ``hook`` inside the open batch just before it commits (once)."""
+        if self._batch is None:
+            hook()  # nothing open: the hook's own writes commit by themselves
+            return
+        if hook not in self._batch.hooks:
+            self._batch.hooks.append(hook)
+
+    async def durable(self, batch: _Batch) -> None:
+        """Return once ``batch`` is committed; :class:`StoreUnavailable` if its commit failed."""
+        while self._batch is batch:
+            before = batch.writes
+            for _ in range(_IDLE_ROUNDS):
+                await trio.lowlevel.checkpoint()
+            if self._batch is batch and batch.writes == before:
+                self._commit(batch)
+        await batch.done.wait()
+        if batch.error is not None:
+            raise StoreUnavailable(f"the commit failed: {batch.error}") from batch.error
+
+    async def write(self, fn: Callable[[], T]) -> T:
+        """:meth:`run` then :meth:`durable`: a write whose caller continues only once it is durable."""
+        result, batch = self.run(fn)
+        await self.durable(batch)
+        return result
+
+    def flush(self) -> None:
+        """Commit the open batch now (synchronously); raises :class:`StoreUnavailable` on failure."""
+        batch = self._batch
+        if batch is not None:
+            self._commit(batch)
+            if batch.error is not None:
+                raise StoreUnavailable(f"the commit failed: {batch.error}") from batch.error
+
+    async def wait_commit(self) -> None:
+        """Wait for the next commit (feeds use it to notice new log entries)."""
+        await self._committed.wait()
+
+    def _commit(self, batch: _Batch) -> None:
+        conn = self.store.conn
+        try:
+            for hook in batch.hooks:
+                hook()
+            conn.execute("COMMIT")
+        except (apsw.Error, Exception) as exc:
+            log.error("group commit of %d writes failed: %s", batch.writes, exc)
+            batch.error = exc
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+        finally:
+            self._batch = None
+            batch.done.set()
+            self.commits += 1
+            self._committed.set()
+            self._committed = trio.Event()

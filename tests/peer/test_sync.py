@@ -1,0 +1,320 @@
+"""Push, pull and both over loopback WebSockets between two real stores (issue #5's acceptance).
+
+Each test uses real SQLite files, real Ed25519 signatures and real sockets on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import trio
+
+from p2psync.dwn.encoding import message_cid
+from p2psync.peer.copies import checkpoint_id
+from p2psync.peer.peer import Peer
+from p2psync.peer.wire import PeerError
+from p2psync.replication.ledger import Direction
+from p2psync.replication.scope import SyncScope
+from tests.peer.support import Clock, assert_same, new_store, seeded, served, write_notes
+
+ALICE = seeded("alice-peer")
+
+
+@pytest.mark.parametrize("passive_holds", [True, False], ids=["pull", "push"])
+async def test_one_shot_each_way(tmp_path: Path, passive_holds: bool) -> None:
+    """The records reach the other store whichever side opened the connection."""
+    a, b = new_store(tmp_path, "a"), new_store(tmp_path, "b")
+    holder = a if passive_holds else b
+    write_notes(holder, ALICE, 30, clock=Clock(), sizes={5: 40_000})
+    passive, active = Peer(a, ALICE), Peer(b, ALICE)
+    async with served(passive) as url:
+        summary = await active.sync(url, tenant=ALICE.did, direction="pull" if passive_holds else "push")
+    assert_same(a, b, ALICE)
+    stats = summary.pull if passive_holds else summary.push
+    assert stats is not None
+    assert stats.revs_settled == 30 and stats.results == {"Applied": 30}
+    if passive_holds:
+        assert stats.attachments_fetched == 1  # the 40,000-byte record came by getAttachment
+    # The frontier of the direction that ran is saved on both sides.
+    direction = Direction.PULL if passive_holds else Direction.PUSH
+    link = active.ledger.links()[0]
+    local, _ = active.ledger.get_checkpoint(link.key, direction)
+    assert local.contiguous_applied_token is not None
+    assert summary.checkpoint[str(direction)] == local.to_wire()
+    assert str(link.state) == "live"
+
+
+async def test_both_directions_at_once(tmp_path: Path) -> None:
+    a, b = new_store(tmp_path, "a"), new_store(tmp_path, "b")
+    clock = Clock()
+    write_notes(a, ALICE, 20, clock=clock, prefix="from a")
+    write_notes(b, ALICE, 15, clock=clock, prefix="from b")
+    passive, active = Peer(a, ALICE), Peer(b, ALICE)
+    async with served(passive) as url:
+        summary = await active.sync(url, tenant=ALICE.did, direction="both")
+        assert summary.pull is not None and summary.push is not None
+        assert summary.pull.revs_applied == 20 and summary.push.revs_applied == 15
+        assert_same(a, b, ALICE)
+        # A second round finds nothing to move either way.
+        again = await active.sync(url, tenant=ALICE.did, direction="both")
+    assert again.pull is not None and again.push is not None
+    assert again.pull.revs_received == 0 and again.push.revs_sent == 0
+
+
+async def test_resume_after_disconnect_sends_nothing_twice(tmp_path: Path) -> None:
+    """A connection cut mid-pull resumes from the saved frontier: no applied message is re-sent."""
+    a, b = new_store(tmp_path, "a"), new_store(tmp_path, "b")
+    write_notes(a, ALICE, 60, clock=Clock())
+    passive, active = Peer(a, ALICE), Peer(b, ALICE, max_unanswered_revs=4)
+    async with served(passive) as url:
+        rounds_seen: list[int] = []
+
+        def on_progress(progress: object) -> None:
+            from p2psync.peer.stats import SyncProgress
+
+            assert isinstance(progress, SyncProgress)
+            if progress.messages >= 20 and not rounds_seen:
+                rounds_seen.append(progress.messages)
+                session = next(iter(active._sessions.values()))
+                assert session.conn is not None
+                session.conn.start_soon(session.conn.aclose)
+
+        summary = await active.sync(url, tenant=ALICE.did, on_progress=on_progress)
+    assert summary.rounds == 2
+    assert_same(a, b, ALICE)
+    assert summary.pull is not None
+    # Every message crossed once (the few in flight at the cut may come twice: at most the
+    # rev window of 4), never the whole first part again.
+    assert 60 <= summary.pull.revs_received <= 60 + 4
+    assert summary.pull.results.get("Applied") == 60
+
+
+async def test_stale_checkpoint_rev_is_reread(tmp_path: Path) -> None:
+    """setCheckpoint with a stale rev gets 409 with the current rev; the active retries with it."""
+    a, b = new_store(tmp_path, "a"), new_store(tmp_path, "b")
+    write_notes(a, ALICE, 10, clock=Clock())
+    passive, active = Peer(a, ALICE), Peer(b, ALICE)
+    async with served(passive) as url:
+        first = await active.sync(url, tenant=ALICE.did)
+        assert first.copy_rev is not None and first.copy_rev.startswith("1-")
+        write_notes(a, ALICE, 3, clock=Clock("2031-01-01T00:00:00.000000Z"), prefix="later")
+        cp_id = checkpoint_id(active.store_id, passive.store_id, SyncScope.global_scope().scope_id, ALICE.did)
+        bumped: list[str] = []
+
+        def bump(_: object) -> None:
+            # Another writer moves the copy on while this round runs: our rev goes stale.
+            if not bumped:
+                stored = passive.copies.get(ALICE.did, cp_id)
+                assert stored is not None
+                bumped.append(passive.copies.set(ALICE.did, cp_id, stored[0], stored[1]))
+
+        second = await active.sync(url, tenant=ALICE.did, on_progress=bump)
+    assert bumped and bumped[0].startswith("2-")
+    assert second.copy_rev is not None and second.copy_rev.startswith("3-")
+    stored = passive.copies.get(ALICE.did, cp_id)
+    assert stored is not None and stored[1] == second.copy_rev
+    assert stored[0]["pull"] == second.checkpoint["pull"]
+
+
+async def test_checkpoint_mismatch_rewinds_to_the_lower_point(tmp_path: Path) -> None:
+    a, b = new_store(tmp_path, "a"), new_store(tmp_path, "b")
+    write_notes(a, ALICE, 12, clock=Clock())
+    passive, active = Peer(a, ALICE), Peer(b, ALICE)
+    async with served(passive) as url:
+        await active.sync(url, tenant=ALICE.did)
+        # The passive is restored from an old backup: its copy is empty again.
+        cp_id = checkpoint_id(active.store_id, passive.store_id, SyncScope.global_scope().scope_id, ALICE.did)
+        stored = passive.copies.get(ALICE.did, cp_id)
+        assert stored is not None
+        passive.copies.set(ALICE.did, cp_id, {"pull": {}, "push": {}}, stored[1])
+        again = await active.sync(url, tenant=ALICE.did)
+    key = active.ledger.links()[0].key
+    rewinds = [t for t in active.ledger.transitions(key) if t.kind == "checkpoint_rewind"]
+    assert len(rewinds) == 1 and rewinds[0].direction == Direction.PULL
+    assert again.pull is not None
+    assert again.pull.revs_received == 0 and again.pull.items_skipped == 12  # replayed as 304s
+    assert_same(a, b, ALICE)
+
+
+async def test_gap_repairs_and_goes_live(tmp_path: Path) -> None:
+    a, b = new_store(tmp_path, "a"), new_store(tmp_path, "b")
+    write_notes(a, ALICE, 8, clock=Clock())
+    passive, active = Peer(a, ALICE), Peer(b, ALICE)
+    async with served(passive) as url:
+        await active.sync(url, tenant=ALICE.did)
+        # The source's log starts a new epoch (a restore or a rebuild): old tokens are a gap.
+        with a.transaction():
+            a.conn.execute("UPDATE tenants SET epoch='00000000-0000-4000-8000-00000000e90c' WHERE did=?", (ALICE.did,))
+        write_notes(a, ALICE, 2, clock=Clock("2031-01-01T00:00:00.000000Z"), prefix="after")
+        summary = await active.sync(url, tenant=ALICE.did)
+    key = active.ledger.links()[0].key
+    kinds = [(t.kind, str(t.state_to)) for t in active.ledger.transitions(key)]
+    assert ("state", "repairing") in kinds and ("checkpoint_reset", "repairing") in kinds
+    assert kinds[-1] == ("state", "live")
+    assert summary.state == "live"
+    pull, _ = active.ledger.get_checkpoint(key, Direction.PULL)
+    assert pull.contiguous_applied_token is not None and pull.contiguous_applied_token.epoch.endswith("e90c")
+    assert_same(a, b, ALICE)
+
+
+async def test_unauthorized_peer_reads_nothing(tmp_path: Path) -> None:
+    a = new_store(tmp_path, "a")
+    write_notes(a, ALICE, 5, clock=Clock())
+    mallory = seeded("mallory-peer")
+    eve_store = new_store(tmp_path, "m")
+    async with served(Peer(a, ALICE)) as url:
+        with pytest.raises(PeerError) as err:
+            await Peer(eve_store, mallory).sync(url, tenant=ALICE.did)
+        assert (err.value.code, err.value.name) == (403, "SyncNotAuthorized")
+    # Pushing is disclosure: alice's device does not push to a peer that is no reader of hers.
+    async with served(Peer(eve_store, mallory)) as url:
+        with pytest.raises(PeerError) as pushed:
+            await Peer(a, ALICE).sync(url, tenant=ALICE.did, direction="push")
+        assert (pushed.value.code, pushed.value.name) == (403, "SyncNotAuthorized")
+    assert eve_store.tenant_id(ALICE.did, create=False) is None
+
+
+async def test_continuous_both_ways(tmp_path: Path) -> None:
+    a, b = new_store(tmp_path, "a"), new_store(tmp_path, "b")
+    write_notes(a, ALICE, 3, clock=Clock())
+    passive, active = Peer(a, ALICE), Peer(b, ALICE)
+
+    async def until(predicate: object) -> None:
+        assert callable(predicate)
+        with trio.fail_after(20):
+            while not predicate():
+                await trio.sleep(0.05)
+
+    async with served(passive) as url, trio.open_nursery() as nursery:
+        nursery.start_soon(lambda: active.sync(url, tenant=ALICE.did, direction="both", continuous=True))
+        await until(lambda: len(b.messages.cids(ALICE.did)) == 3)
+        write_notes(a, ALICE, 2, clock=Clock("2031-01-01T00:00:00.000000Z"), prefix="on a")
+        await until(lambda: len(b.messages.cids(ALICE.did)) == 5)
+        write_notes(b, ALICE, 2, clock=Clock("2032-01-01T00:00:00.000000Z"), prefix="on b")
+        await until(lambda: len(a.messages.cids(ALICE.did)) == 7)
+        nursery.cancel_scope.cancel()
+    assert_same(a, b, ALICE)
+    assert str(active.ledger.links()[0].state) == "live"
+
+
+
+async def test_forged_message_pushed_is_refused_and_harms_nothing(tmp_path: Path) -> None:
+    a, b = new_store(tmp_path, "a"), new_store(tmp_path, "b")
+    write_notes(a, ALICE, 10, clock=Clock())
+    # Slip a forged message into the pusher's own log, bypassing its engine: a real write whose
+    # descriptor was changed after signing (the signature no longer covers it).
+    honest = a.messages.get(ALICE.did, a.messages.cids(ALICE.did)[0])
+    assert honest is not None
+    forged = copy.deepcopy(honest)
+    forged["descriptor"]["dataFormat"] = "application/x-forged"
+    forged["recordId"] = "bafyreiaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+    with a.transaction():
+        indexes = {"interface": "Records", "method": "Write", "recordId": forged["recordId"]}
+        a.messages.put(ALICE.did, forged, indexes)
+        a.events.append(ALICE.did, message_cid(forged), indexes)
+    passive, active = Peer(b, ALICE), Peer(a, ALICE)
+    async with served(passive) as url:
+        summary = await active.sync(url, tenant=ALICE.did, direction="push")
+    assert summary.push is not None
+    assert summary.push.results.get("Invalid") == 1 and summary.push.results.get("Applied") == 10
+    assert not b.messages.has(ALICE.did, message_cid(forged))
+    assert len(b.messages.cids(ALICE.did)) == 10
+    # Invalid settles (§11): the push frontier passed it, nothing is left to retry.
+    push, _ = active.ledger.get_checkpoint(active.ledger.links()[0].key, Direction.PUSH)
+    assert not push.unapplied_tokens and not push.pending_tokens
+
+
+BIG = 5 * 1024 * 1024 + 17  # ≥ 5 MiB: out of line, by getAttachment
+
+
+@pytest.mark.parametrize("damage", ["truncated", "mismatched"])
+async def test_large_records_by_attachment_and_bad_data_refused(tmp_path: Path, damage: str) -> None:
+    a, b = new_store(tmp_path, "a"), new_store(tmp_path, "b")
+    ids = write_notes(a, ALICE, 4, clock=Clock(), sizes={1: BIG, 2: BIG})
+    passive, active = Peer(a, ALICE), Peer(b, ALICE)
+    async with served(passive) as url:
+        first = await active.sync(url, tenant=ALICE.did)
+        assert first.pull is not None and first.pull.attachments_fetched == 2
+        assert first.pull.bytes_received > 2 * BIG
+        assert_same(a, b, ALICE)
+
+        # Two more big records; the source's copy of one of them is damaged on disk.
+        more = write_notes(a, ALICE, 2, clock=Clock("2031-01-01T00:00:00.000000Z"), sizes={0: BIG, 1: BIG})
+        good = a.conn.execute("SELECT bytes FROM data WHERE record_id=?", (more[0],)).fetchone()[0]
+        bad = good[: BIG // 2] if damage == "truncated" else bytes([good[0] ^ 0xFF]) + good[1:]
+        with a.transaction():
+            a.conn.execute("UPDATE data SET bytes=?, size=? WHERE record_id=?", (bad, len(bad), more[0]))
+        second = await active.sync(url, tenant=ALICE.did)
+        assert second.pull is not None
+        assert second.pull.results.get("AttachmentInvalid") == 1
+        assert second.pull.results.get("Applied") == 1
+        assert b.conn.execute("SELECT count(*) FROM data WHERE record_id=?", (more[0],)).fetchone()[0] == 0
+        key = active.ledger.links()[0].key
+        pull, _ = active.ledger.get_checkpoint(key, Direction.PULL)
+        assert [t.position for t in pull.unapplied_tokens] != []  # held at the frontier, not skipped
+
+        # Repaired at the source: the next round fetches it.
+        with a.transaction():
+            a.conn.execute("UPDATE data SET bytes=?, size=? WHERE record_id=?", (good, len(good), more[0]))
+        third = await active.sync(url, tenant=ALICE.did)
+    assert third.pull is not None and third.pull.results.get("Applied") == 1
+    assert_same(a, b, ALICE)
+    del ids
+
+
+SHARED = "https://p2psync.example/protocols/shared"
+
+
+def _shared_protocol(store_: object, clock: Clock) -> list[str]:
+    """Install a small protocol in alice's DWN and write three records under it."""
+    from p2psync.dwn.engine import Dwn
+    from p2psync.dwn.protocols import ProtocolsConfigure
+    from p2psync.dwn.records_write import RecordsWrite
+    from p2psync.dwn.store import Store
+
+    assert isinstance(store_, Store)
+    dwn = Dwn(store_)
+    definition = {"protocol": SHARED, "published": True, "types": {"doc": {}}, "structure": {"doc": {}}}
+    configure = ProtocolsConfigure.create(definition=definition, signer=ALICE, message_timestamp=clock.tick())
+    assert dwn.process_message(ALICE.did, configure.message).code == 202
+    ids = []
+    for i in range(3):
+        now = clock.tick()
+        data = f"doc {i}".encode()
+        write = RecordsWrite.create(signer=ALICE, data=data, protocol=SHARED, protocol_path="doc",
+                                    data_format="text/plain", message_timestamp=now, date_created=now)
+        reply = dwn.process_message(ALICE.did, write.message, data)
+        assert reply.code == 202, reply.detail
+        ids.append(str(write.message["recordId"]))
+    return ids
+
+
+async def test_grantee_reads_what_the_grant_allows(tmp_path: Path) -> None:
+    from p2psync.dwn.engine import Dwn
+    from p2psync.replication.authz import sync_grant_messages
+
+    a = new_store(tmp_path, "a")
+    clock = Clock("2024-01-01T00:00:00.000000Z")  # in the past: grants dated now cover the reads
+    write_notes(a, ALICE, 4, clock=clock)
+    shared_ids = _shared_protocol(a, clock)
+    bob, carol = seeded("bob-node"), seeded("carol-node")
+    for grantee, protocol in ((bob, None), (carol, SHARED)):
+        for message, data in sync_grant_messages(ALICE, grantee.did, protocol=protocol):
+            assert Dwn(a).process_message(ALICE.did, message, data).code == 202
+    bob_store, carol_store = new_store(tmp_path, "bob"), new_store(tmp_path, "carol")
+    async with served(Peer(a, ALICE)) as url:
+        # Bob's grant is unscoped: he replicates alice's whole DWN.
+        await Peer(bob_store, bob).sync(url, tenant=ALICE.did)
+        assert_same(a, bob_store, ALICE)
+        # Carol's grant covers one protocol: the global scope is refused, the protocol's is served.
+        with pytest.raises(PeerError) as err:
+            await Peer(carol_store, carol).sync(url, tenant=ALICE.did)
+        assert (err.value.code, err.value.name) == (403, "SyncNotAuthorized")
+        summary = await Peer(carol_store, carol).sync(url, tenant=ALICE.did, scope=SyncScope.for_protocol(SHARED))
+    assert summary.pull is not None and summary.pull.results.get("Applied") == 3 + 1  # the docs + the configure
+    held = [carol_store.messages.get(ALICE.did, c) for c in carol_store.messages.cids(ALICE.did)]
+    got = {m.get("recordId") for m in held if m is not None}
+    assert set(shared_ids) <= got
+    assert len(carol_store.messages.cids(ALICE.did)) == 4  # no notes, no grants
