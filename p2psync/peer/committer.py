@@ -49,11 +49,12 @@ class StoreUnavailable(Exception):
 
 
 class _Batch:
-    __slots__ = ("done", "error", "hooks", "number", "writes")
+    __slots__ = ("done", "error", "hooks", "led", "number", "writes")
 
     def __init__(self, number: int) -> None:
         self.number = number
         self.writes = 0
+        self.led = False  # one waiter drives the commit; the others just wait for it
         self.done = trio.Event()
         self.error: BaseException | None = None
         self.hooks: list[Callable[[], None]] = []
@@ -102,12 +103,18 @@ class GroupCommitter:
 
     async def durable(self, batch: _Batch) -> None:
         """Return once ``batch`` is committed; :class:`StoreUnavailable` if its commit failed."""
-        while self._batch is batch:
-            before = batch.writes
-            for _ in range(_IDLE_ROUNDS):
-                await trio.lowlevel.checkpoint()
-            if self._batch is batch and batch.writes == before:
-                self._commit(batch)
+        if not batch.led:
+            batch.led = True
+            try:
+                while self._batch is batch:
+                    before = batch.writes
+                    for _ in range(_IDLE_ROUNDS):
+                        await trio.lowlevel.checkpoint()
+                    if self._batch is batch and batch.writes == before:
+                        self._commit(batch)
+            finally:
+                if self._batch is batch:  # the leader was cancelled: nobody else would commit
+                    self._commit(batch)
         await batch.done.wait()
         if batch.error is not None:
             raise StoreUnavailable(f"the commit failed: {batch.error}") from batch.error

@@ -98,6 +98,7 @@ class Peer:
         self.max_unanswered_revs = max_unanswered_revs
         self._rng = rng or random.Random()
         self._retry_now = trio.Event()
+        self._retry_requests = 0
         self._sessions: weakref.WeakKeyDictionary[blip.Connection, PeerSession] = weakref.WeakKeyDictionary()
 
     # -- sessions ---------------------------------------------------------------------------
@@ -152,7 +153,9 @@ class Peer:
     # -- active -----------------------------------------------------------------------------
 
     def retry_now(self) -> None:
-        """Wake every reconnect loop that is waiting out its backoff (an operator's "sync now")."""
+        """Wake every reconnect loop that is waiting out its backoff (an operator's "sync now");
+        a loop whose round is failing right now skips its next wait."""
+        self._retry_requests += 1
         self._retry_now.set()
         self._retry_now = trio.Event()
 
@@ -195,6 +198,7 @@ class Peer:
         totals: dict[str, SyncStats] = {}
         while True:
             attempt += 1
+            requests = self._retry_requests
             round_ = _Round(self, connect, tenant, scope, direction, continuous, on_progress, grants or [], batch,
                             totals)
             try:
@@ -209,8 +213,9 @@ class Peer:
                 delay = retry_delay(failures).total_seconds()
                 delay = delay * (0.5 + self._rng.random() / 2)  # equal jitter: never a synchronized herd
                 log.info("sync with %s: %s; retrying in %.1f s", round_.remote or target, exc, delay)
-                with trio.move_on_after(delay):
-                    await self._retry_now.wait()
+                if self._retry_requests == requests:
+                    with trio.move_on_after(delay):
+                        await self._retry_now.wait()
                 continue
             summary.seconds = time.monotonic() - started
             summary.rounds = attempt
@@ -381,6 +386,7 @@ class _Round:
         assert self.key is not None
         if self.ledger.link(self.key).state != LinkState.LIVE:
             self.ledger.transition(self.key, LinkState.LIVE, reason="caught_up")
+        self.ledger.record_success(self.key)  # healthy again: the next backoff starts short
 
     # -- push ----------------------------------------------------------------------------------
 

@@ -609,7 +609,7 @@ def attachment_proof(nonce: bytes, data: bytes) -> bytes:
 async def _close(conn: blip.Connection, code: int, reason: str) -> None:
     """Close with a WebSocket code and reason when the BLIP layer offers it."""
     try:
-        await conn.aclose(code=code, reason=reason)  # type: ignore[call-arg]
+        await conn.aclose(code=code, reason=reason)
     except TypeError:
         await conn.aclose()
 

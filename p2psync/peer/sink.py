@@ -138,6 +138,10 @@ class Sink:
     def _notify(self) -> None:
         self._changed.set()
         self._changed = trio.Event()
+        # Wake only the `rev` whose turn it now is: hundreds may be waiting (§12's 1,000).
+        first = self.window.first_open()
+        if first is not None and first.turn is not None:
+            first.turn.set()
         if self._on_progress is not None:
             self._on_progress()
 
@@ -145,6 +149,9 @@ class Sink:
         """End this feed with ``error`` (seen by whoever waits on it)."""
         if self.failed is None:
             self.failed = error
+        for item in self.window.open_items():
+            if item.turn is not None:
+                item.turn.set()
         self._notify()
 
     def drained(self) -> bool:
@@ -181,11 +188,11 @@ class Sink:
 
     async def _turn(self, item: WindowItem) -> None:
         """Wait until every item listed before ``item`` has an outcome (apply in listed order)."""
-        while self.window.first_open() is not item:
-            if self.failed is not None:
-                raise _blip(self.failed)
-            changed = self._changed
-            await changed.wait()
+        if self.window.first_open() is not item:
+            item.turn = trio.Event()
+            await item.turn.wait()
+        if self.failed is not None:
+            raise _blip(self.failed)
 
     # -- data -------------------------------------------------------------------------------
 

@@ -175,7 +175,7 @@ class Source:
                     body = {"streamId": stream_id, "epoch": epoch, "items": items}
                     reply = await self.session.call(profile, props, encode_body(body))
                     self.stats.items_offered += len(items)
-                    self._on_listed(wanted, decode_body(reply.body), revs)
+                    await self._send_revs(self._on_listed(wanted, decode_body(reply.body)), revs)
                     continue
                 if rows:
                     self._record_push()  # a page with nothing in scope: its tokens are settled
@@ -201,13 +201,14 @@ class Source:
         self._record_push()
 
     def _on_listed(
-        self, wanted: list[tuple[ProgressToken, ReplicationEntry | None]], statuses: Any, revs: trio.Nursery
-    ) -> None:
+        self, wanted: list[tuple[ProgressToken, ReplicationEntry | None]], statuses: Any
+    ) -> list[tuple[ProgressToken, ReplicationEntry | None]]:
         statuses = statuses if isinstance(statuses, list) else []
+        wanted_revs: list[tuple[ProgressToken, ReplicationEntry | None]] = []
         for i, (token, entry) in enumerate(wanted):
             status = statuses[i] if i < len(statuses) else 0
             if status == 0:
-                revs.start_soon(self._send_rev, token, entry)
+                wanted_revs.append((token, entry))
                 continue
             self.stats.items_skipped += 1
             if self.window is not None:
@@ -217,8 +218,22 @@ class Source:
                     ProgressWindow.finish(item, settled=status in (304, 413))
         self._record_push()
         self._progress()
+        return wanted_revs
 
-    async def _send_rev(self, token: ProgressToken, entry: ReplicationEntry | None) -> None:
+    async def _send_revs(
+        self, wanted: list[tuple[ProgressToken, ReplicationEntry | None]], revs: trio.Nursery
+    ) -> None:
+        """Start a `rev` per wanted item, taking each one's budget here, in item order: were
+        the tasks to compete for freed budget, a later `rev` could take the slot the sink's
+        next-in-line one needs, and with the budget full of later ones nothing would move."""
+        for token, entry in wanted:
+            body = None
+            if entry is not None and (self.may_read is None or self.may_read(entry.message)):
+                body = encode_body(message_entry(entry))
+            await self._budget.take(len(body) if body is not None else 0)
+            revs.start_soon(self._send_rev, token, entry, body)
+
+    async def _send_rev(self, token: ProgressToken, entry: ReplicationEntry | None, body: bytes | None) -> None:
         props = {"collection": str(self.index), "messageCid": token.message_cid, "position": str(token.position)}
         settled = False
         try:
@@ -227,21 +242,16 @@ class Source:
                 assert self.session.conn is not None
                 await self.session.conn.send_no_reply("norev", {**props, "error": "404"})
                 return
-            if self.may_read is not None and not self.may_read(entry.message):
+            if body is None:  # the reader may not read it (§5): not settled, never sent
                 assert self.session.conn is not None
                 await self.session.conn.send_no_reply("norev", {**props, "error": "403", "reason": "not readable"})
                 return
-            body = encode_body(message_entry(entry))
-            await self._budget.take(len(body))
-            try:
-                self.session.offer(self.tenant, entry)
-                self.stats.revs_sent += 1
-                self.stats.bytes_sent += len(body) + (
-                    len(entry.data) if entry.data is not None and len(entry.data) > INLINE_DATA_MAX else 0
-                )
-                reply = await self.session.call("rev", props, body, compress=len(body) > 1024)
-            finally:
-                self._budget.give(len(body))
+            self.session.offer(self.tenant, entry)
+            self.stats.revs_sent += 1
+            self.stats.bytes_sent += len(body) + (
+                len(entry.data) if entry.data is not None and len(entry.data) > INLINE_DATA_MAX else 0
+            )
+            reply = await self.session.call("rev", props, body, compress=len(body) > 1024)
             result = decode_body(reply.body)
             kind = result.get("kind") if isinstance(result, dict) else None
             kind = kind if isinstance(kind, str) else "Unknown"
@@ -255,6 +265,7 @@ class Source:
             log.info("rev %s of collection %d: %s", token.position, self.index, exc)
             self.stats.results[exc.name] = self.stats.results.get(exc.name, 0) + 1
         finally:
+            self._budget.give(len(body) if body is not None else 0)
             if self.window is not None:
                 item = self.window.get(token.position, token.message_cid)
                 if item is not None:

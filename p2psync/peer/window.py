@@ -19,6 +19,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Final
 
+import trio
+
 from p2psync.dwn.progress import ProgressToken
 from p2psync.replication.ledger import Step
 
@@ -35,6 +37,8 @@ class WindowItem:
 
     token: ProgressToken
     state: int = _OPEN
+    #: set when every item before this one has an outcome (made by whoever waits for it)
+    turn: trio.Event | None = None
 
     @property
     def done(self) -> bool:
@@ -84,6 +88,9 @@ class ProgressWindow:
             if not item.done:
                 return item
         return None
+
+    def open_items(self) -> list[WindowItem]:
+        return [item for item in self._items if not item.done]
 
     @staticmethod
     def finish(item: WindowItem, *, settled: bool) -> None:

@@ -1,0 +1,210 @@
+"""Two peers in two processes over loopback: pull, push, and large records (issue #5).
+
+    .venv/bin/python tests/bench/bench_peer.py [--count 100000] [--size 1024]
+                                               [--big-count 100] [--big-mib 10] [--cache DIR]
+
+Builds (once, cached under ``--cache``) a store with ``--count`` signed records of ``--size``
+bytes of data, and one with ``--big-count`` records of ``--big-mib`` MiB. Then, each in a fresh
+pair of processes (one serving, one syncing, both ``python -m`` this file in a worker mode):
+
+1. pull: the syncing side pulls the small records from the server into an empty store;
+2. push: the syncing side pushes them to a server with an empty store;
+3. large: pull of the large records (every one by ``getAttachment``).
+
+Prints messages/s (records settled per wall-clock second of the sync, process start and
+store building excluded), MB/s of record data for the large run, and each side's peak RSS
+(``ru_maxrss``). Targets (issue #5): ≥ 5,000 messages/s, ≥ 100 MB/s, RSS < 300 MB per side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from p2psync.dwn.engine import Dwn  # noqa: E402
+from p2psync.dwn.records_write import RecordsWrite  # noqa: E402
+from p2psync.dwn.store import Store  # noqa: E402
+from tests.replication.support import Clock, seeded  # noqa: E402
+
+ALICE = seeded("bench-alice")
+SCHEMA = "https://p2psync.example/bench"
+
+
+def _rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def build(path: Path, count: int, size: int) -> None:
+    """``count`` records by alice with ``size`` bytes each (distinct data), committed in batches."""
+    if path.exists():
+        return
+    tmp = path.with_suffix(".building")
+    for leftover in tmp.parent.glob(tmp.name + "*"):
+        leftover.unlink()
+    store = Store(tmp)
+    dwn = Dwn(store)
+    clock = Clock("2030-01-01T00:00:00.000000Z")
+    started = time.perf_counter()
+    batch = 1000 if size <= 65536 else 4
+    for start in range(0, count, batch):
+        with store.transaction():
+            for i in range(start, min(count, start + batch)):
+                now = clock.tick()
+                head = f"record {i:09d} ".encode()
+                data = (head * (size // len(head) + 1))[:size]
+                write = RecordsWrite.create(signer=ALICE, data=data, schema=SCHEMA,
+                                            data_format="application/octet-stream",
+                                            message_timestamp=now, date_created=now)
+                reply = dwn.process_message(ALICE.did, write.message, data)
+                assert reply.code == 202, reply.detail
+        if start and start % 10000 == 0:
+            print(f"  built {start:,} records ({time.perf_counter() - started:.0f} s)", file=sys.stderr)
+    store.close()
+    tmp.rename(path)
+    for suffix in ("-wal", "-shm"):
+        side = Path(str(tmp) + suffix)
+        if side.exists():
+            side.unlink()
+
+
+# -- worker modes -------------------------------------------------------------------------------
+
+
+def serve(store_path: str, port_file: str) -> None:
+    import trio
+
+    from p2psync.peer.peer import Peer
+
+    async def main() -> None:
+        peer = Peer(Store(store_path), ALICE)
+        async with trio.open_nursery() as nursery:
+            server = await nursery.start(peer.serve, "127.0.0.1", 0)
+            Path(port_file).write_text(str(server.port))
+            # Serve until stdin closes (the orchestrator's signal), then report.
+            await trio.to_thread.run_sync(sys.stdin.read)
+            nursery.cancel_scope.cancel()
+        print(json.dumps({"rss_mb": round(_rss_mb(), 1)}), flush=True)
+
+    trio.run(main)
+
+
+def sync(store_path: str, url: str, direction: str) -> None:
+    import trio
+
+    from p2psync.peer.peer import Peer
+
+    async def main() -> dict[str, Any]:
+        peer = Peer(Store(store_path), ALICE)
+        started = time.perf_counter()
+        summary = await peer.sync(url, tenant=ALICE.did, direction=direction)  # type: ignore[arg-type]
+        seconds = time.perf_counter() - started
+        stats = summary.pull if direction == "pull" else summary.push
+        assert stats is not None
+        return {"seconds": seconds, "settled": stats.revs_settled, "results": stats.results,
+                "bytes": stats.bytes_received if direction == "pull" else stats.bytes_sent,
+                "rss_mb": round(_rss_mb(), 1)}
+
+    print(json.dumps(trio.run(main)), flush=True)
+
+
+# -- orchestration ------------------------------------------------------------------------------
+
+
+def run_pair(server_store: Path, client_store: Path, direction: str) -> dict[str, Any]:
+    me = [sys.executable, __file__]
+    with tempfile.TemporaryDirectory() as tmp:
+        port_file = Path(tmp) / "port"
+        server = subprocess.Popen([*me, "--serve", str(server_store), str(port_file)], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 30
+            while not port_file.exists() or not port_file.read_text():
+                if time.monotonic() > deadline or server.poll() is not None:
+                    raise SystemExit("the server did not start")
+                time.sleep(0.05)
+            url = f"ws://127.0.0.1:{port_file.read_text()}/_p2psync"
+            out = subprocess.run([*me, "--sync", str(client_store), url, direction], capture_output=True, text=True,
+                                 check=False)
+            if out.returncode != 0:
+                raise SystemExit(out.stderr)
+            result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+        finally:
+            assert server.stdin is not None
+            server.stdin.close()
+            tail = server.stdout.read() if server.stdout is not None else ""
+            server.wait(timeout=60)
+        result["server_rss_mb"] = json.loads(tail.strip().splitlines()[-1])["rss_mb"]
+        return result
+
+
+def fresh(path: Path) -> Path:
+    for p in (path, Path(str(path) + "-wal"), Path(str(path) + "-shm")):
+        if p.exists():
+            p.unlink()
+    return path
+
+
+def copy_store(src: Path, dst: Path) -> Path:
+    import shutil
+
+    fresh(dst)
+    shutil.copyfile(src, dst)
+    return dst
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--serve":
+        serve(sys.argv[2], sys.argv[3])
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "--sync":
+        sync(sys.argv[2], sys.argv[3], sys.argv[4])
+        return
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--count", type=int, default=100_000)
+    ap.add_argument("--size", type=int, default=1024)
+    ap.add_argument("--big-count", type=int, default=100)
+    ap.add_argument("--big-mib", type=int, default=10)
+    ap.add_argument("--cache", default=os.path.join(tempfile.gettempdir(), "p2psync-bench"))
+    ap.add_argument("--skip", nargs="*", default=[], choices=["pull", "push", "large"])
+    args = ap.parse_args()
+    cache = Path(args.cache)
+    cache.mkdir(parents=True, exist_ok=True)
+    small = cache / f"small-{args.count}x{args.size}.db"
+    big = cache / f"big-{args.big_count}x{args.big_mib}MiB.db"
+    print(f"building stores in {cache} (cached between runs)...", file=sys.stderr)
+    build(small, args.count, args.size)
+    if "large" not in args.skip:
+        build(big, args.big_count, args.big_mib * 1024 * 1024)
+    work = cache / "work"
+    work.mkdir(exist_ok=True)
+    print(f"two processes over loopback; {os.cpu_count()} CPUs")
+    if "pull" not in args.skip:
+        r = run_pair(copy_store(small, work / "src.db"), fresh(work / "dst.db"), "pull")
+        print(f"pull {args.count:,} x {args.size} B: {r['settled'] / r['seconds']:,.0f} messages/s "
+              f"({r['seconds']:.1f} s; results {r['results']}); "
+              f"RSS puller {r['rss_mb']} MB, source {r['server_rss_mb']} MB")
+    if "push" not in args.skip:
+        r = run_pair(fresh(work / "dst.db"), copy_store(small, work / "src.db"), "push")
+        print(f"push {args.count:,} x {args.size} B: {r['settled'] / r['seconds']:,.0f} messages/s "
+              f"({r['seconds']:.1f} s; results {r['results']}); "
+              f"RSS pusher {r['rss_mb']} MB, sink {r['server_rss_mb']} MB")
+    if "large" not in args.skip:
+        r = run_pair(copy_store(big, work / "src.db"), fresh(work / "dst.db"), "pull")
+        mb = r["bytes"] / 1e6
+        print(f"pull {args.big_count} x {args.big_mib} MiB: {mb / r['seconds']:,.1f} MB/s ({r['seconds']:.1f} s, "
+              f"{mb:,.0f} MB); RSS puller {r['rss_mb']} MB, source {r['server_rss_mb']} MB")
+
+
+if __name__ == "__main__":
+    main()

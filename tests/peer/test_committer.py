@@ -1,0 +1,109 @@
+"""Group commit and the in-flight window, on their own."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import apsw
+import pytest
+import trio
+
+from p2psync.dwn.encoding import compute_cid
+from p2psync.dwn.progress import ProgressToken
+from p2psync.dwn.store import Store
+from p2psync.peer.committer import GroupCommitter, StoreUnavailable
+from p2psync.peer.window import ProgressWindow
+
+
+def _table(store: Store) -> None:
+    store.conn.execute("CREATE TABLE IF NOT EXISTS t(v INTEGER)")
+
+
+def _count(path: Path) -> int:
+    # A second connection sees only what is committed.
+    other = apsw.Connection(str(path))
+    try:
+        return int(other.execute("SELECT count(*) FROM t").fetchone()[0])
+    finally:
+        other.close()
+
+
+async def test_writers_share_one_commit_and_wait_for_it(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.db")
+    _table(store)
+    committer = GroupCommitter(store)
+    seen: list[int] = []
+
+    async def writer(i: int) -> None:
+        _, batch = committer.run(lambda: store.conn.execute("INSERT INTO t VALUES(?)", (i,)))
+        await committer.durable(batch)
+        seen.append(_count(tmp_path / "s.db"))  # durable: visible to another connection
+
+    async with trio.open_nursery() as nursery:
+        for i in range(10):
+            nursery.start_soon(writer, i)
+    assert committer.commits == 1
+    assert seen == [10] * 10
+
+
+async def test_a_batch_is_cut_at_max_writes(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.db")
+    _table(store)
+    committer = GroupCommitter(store, max_writes=4)
+    for i in range(10):
+        committer.run(lambda i=i: store.conn.execute("INSERT INTO t VALUES(?)", (i,)))
+    assert committer.commits == 2 and _count(tmp_path / "s.db") == 8
+    committer.flush()
+    assert committer.commits == 3 and _count(tmp_path / "s.db") == 10
+
+
+async def test_a_failed_commit_fails_every_writer_and_keeps_nothing(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.db")
+    _table(store)
+    committer = GroupCommitter(store)
+    _, batch = committer.run(lambda: store.conn.execute("INSERT INTO t VALUES(1)"))
+
+    def broken() -> None:
+        raise apsw.IOError("disk gone")
+
+    committer.before_commit(broken)
+    with pytest.raises(StoreUnavailable):
+        await committer.durable(batch)
+    assert _count(tmp_path / "s.db") == 0
+    assert not store.conn.in_transaction
+    # The committer is usable again afterwards.
+    await committer.write(lambda: store.conn.execute("INSERT INTO t VALUES(2)"))
+    assert _count(tmp_path / "s.db") == 1
+
+
+async def test_a_cancelled_leader_still_commits(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.db")
+    _table(store)
+    committer = GroupCommitter(store)
+    _, first = committer.run(lambda: store.conn.execute("INSERT INTO t VALUES(1)"))
+    _, second = committer.run(lambda: store.conn.execute("INSERT INTO t VALUES(2)"))
+    assert first is second
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await committer.durable(first)  # the leader: cancelled at its first checkpoint
+    await committer.durable(second)  # must not hang
+    assert _count(tmp_path / "s.db") == 2
+
+
+def _token(position: int) -> ProgressToken:
+    return ProgressToken("s", "e", position, compute_cid({"position": position}))
+
+
+def test_window_hands_out_the_finished_prefix_in_order() -> None:
+    window = ProgressWindow()
+    a, b = window.add(_token(1)), window.add(_token(3))
+    window.add(_token(5), settled=True)
+    ProgressWindow.finish(b, settled=True)
+    assert window.take_steps() == []  # 1 is still open: nothing may reach the ledger yet
+    ProgressWindow.finish(a, settled=False)
+    steps = window.take_steps()
+    assert steps == [("received", _token(1)), ("received", _token(3)), ("applied", _token(3)),
+                     ("received", _token(5)), ("applied", _token(5))]
+    assert len(window) == 0
+    with pytest.raises(ValueError):
+        window.add(_token(4))  # not after the last token listed
