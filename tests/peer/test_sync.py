@@ -318,3 +318,27 @@ async def test_grantee_reads_what_the_grant_allows(tmp_path: Path) -> None:
     got = {m.get("recordId") for m in held if m is not None}
     assert set(shared_ids) <= got
     assert len(carol_store.messages.cids(ALICE.did)) == 4  # no notes, no grants
+
+
+async def test_grants_travel_in_get_collections_and_push_can_be_refused(tmp_path: Path) -> None:
+    """A grantee brings its grant to a node of the tenant that has never seen it (§4.1)."""
+    from p2psync.replication.authz import sync_grant_messages
+
+    a = new_store(tmp_path, "a")  # alice's node: records, but no grants
+    write_notes(a, ALICE, 3, clock=Clock("2024-01-01T00:00:00.000000Z"))
+    bob = seeded("bob-node")
+    grants = [{"message": m, "data": d} for m, d in sync_grant_messages(ALICE, bob.did)]
+    bob_store = new_store(tmp_path, "bob")
+    async with served(Peer(a, ALICE, accept_push=False)) as url:
+        with pytest.raises(PeerError) as err:
+            await Peer(bob_store, bob).sync(url, tenant=ALICE.did)
+        assert err.value.code == 403
+        summary = await Peer(bob_store, bob).sync(url, tenant=ALICE.did, grants=grants)
+        assert summary.pull is not None and summary.pull.results.get("Applied", 0) >= 3
+        # This node takes no pushes, even from the tenant itself.
+        other = new_store(tmp_path, "alice2")
+        write_notes(other, ALICE, 1, clock=Clock("2025-01-01T00:00:00.000000Z"), prefix="pushed")
+        with pytest.raises(PeerError) as refused:
+            await Peer(other, ALICE).sync(url, tenant=ALICE.did, direction="push")
+        assert (refused.value.code, refused.value.name) == (403, "PushRefused")
+    assert len(a.messages.cids(ALICE.did)) == 3 + 2  # the notes and the two grants, not the push
