@@ -6,7 +6,8 @@ Two layers:
   :mod:`p2psync.blip.codec` (CRC and deflate per direction) and
   :class:`~p2psync.blip.connection.BlipConnection` (numbering, outbox, flow control, events);
 - trio: :func:`connect`, :func:`serve` and :class:`Connection` over the ``websockets``
-  sans-I/O protocol.
+  sans-I/O protocol; :func:`memory_pair` and :class:`MemoryListener` run the same over
+  in-memory streams for deterministic tests (:mod:`p2psync.blip.memory`).
 
 Quick use::
 
@@ -19,6 +20,7 @@ See ``docs/blip.md``.
 
 from p2psync.blip.connection import BlipConnection, ConnectionState
 from p2psync.blip.errors import BLIP_ERROR_DOMAIN, BlipError, ConnectionClosed, ProtocolError
+from p2psync.blip.memory import MemoryListener, memory_pair
 from p2psync.blip.messages import (
     Body,
     Handler,
@@ -39,6 +41,7 @@ from p2psync.blip.transport import (
     connect,
     connect_stream,
     serve,
+    serve_listeners,
     subprotocol_for,
 )
 
@@ -55,6 +58,7 @@ __all__ = [
     "Handler",
     "HandlerSpec",
     "IncomingBody",
+    "MemoryListener",
     "ProtocolError",
     "Reply",
     "Request",
@@ -64,7 +68,9 @@ __all__ = [
     "accept_stream",
     "connect",
     "connect_stream",
+    "memory_pair",
     "serve",
+    "serve_listeners",
     "streaming",
     "subprotocol_for",
 ]

@@ -43,8 +43,23 @@ class BlipError(Exception):
 
 
 class ConnectionClosed(Exception):
-    """The BLIP connection is closed; ``reason`` says why (one line, for a log or a user)."""
+    """The BLIP connection is closed; ``reason`` says why (one line, for a log or a user).
 
-    def __init__(self, reason: str = "connection closed") -> None:
+    ``close_code`` and ``close_text`` are the WebSocket close code and reason text the
+    connection ended with (see :attr:`Connection.close_code
+    <p2psync.blip.transport.Connection.close_code>`): e.g. ``1008`` and
+    ``"P2PSync 401 HelloProofInvalid"``; ``1006`` and ``""`` when it ended without a closing
+    handshake; both ``None`` when the connection never opened (a failed WebSocket handshake).
+    """
+
+    def __init__(
+        self,
+        reason: str = "connection closed",
+        *,
+        close_code: int | None = None,
+        close_text: str | None = None,
+    ) -> None:
         self.reason = reason
+        self.close_code = close_code
+        self.close_text = close_text
         super().__init__(reason)

@@ -20,15 +20,15 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import KW_ONLY, dataclass, field
+from typing import Any, NoReturn
 
 import trio
 from websockets.client import ClientProtocol
 from websockets.exceptions import InvalidHandshake, InvalidState
-from websockets.frames import CloseCode, Opcode
+from websockets.frames import Close, CloseCode, Opcode
 from websockets.http11 import Request as HttpRequest
 from websockets.http11 import Response as HttpResponse
 from websockets.protocol import Protocol, State
@@ -56,7 +56,6 @@ from p2psync.blip.messages import (
     Response,
     StreamingHandler,
     StreamingResponse,
-    closed_error,
 )
 from p2psync.blip.wire import (
     ERR,
@@ -84,6 +83,13 @@ PING_INTERVAL = 20.0
 IDLE_TIMEOUT = 60.0
 #: Seconds to wait for the peer's side of the closing handshake before cutting the stream.
 CLOSE_TIMEOUT = 5.0
+#: Longest close reason, in UTF-8 bytes: a control frame carries at most 125 bytes of payload
+#: and the close code takes two of them (RFC 6455 §5.5 and §5.5.1).
+MAX_CLOSE_REASON_BYTES = 123
+#: Close codes below 3000 that an endpoint may put in a close frame: those RFC 6455 §7.4.1
+#: defines for sending and the ones IANA registered since (1012-1014). 1004-1006 and 1015
+#: are reserved; 3000-4999 are for libraries and applications.
+SENDABLE_CLOSE_CODES = frozenset({1000, 1001, 1002, 1003, *range(1007, 1015)})
 #: Seconds allowed for TCP connect plus the WebSocket opening handshake.
 HANDSHAKE_TIMEOUT = 10.0
 #: Bytes asked of the socket per read. 64 KiB keeps a read (and the ACKs it triggers) well
@@ -155,7 +161,9 @@ class _Assembly:
 class Connection:
     """A BLIP_3 connection over a WebSocket. Either side may send requests.
 
-    Get one from :func:`connect` (client) or :func:`serve` / ``on_connect`` (server).
+    Get one from :func:`connect` (client) or :func:`serve` / ``on_connect`` (server), over
+    any trio stream from :func:`connect_stream` / :func:`accept_stream`, or two joined in
+    memory from :func:`~p2psync.blip.memory.memory_pair`.
     """
 
     def __init__(
@@ -196,7 +204,7 @@ class Connection:
         self._closed = trio.Event()
         self._close_reason: str | None = None
         self._partial: list[bytes] | None = None  # a fragmented WebSocket message
-        self._close_deadline_started = False
+        self._run_task: trio.lowlevel.Task | None = None  # the task inside run()
         self._writing = False  # the writer is inside send_all
         self._started = False  # run() was called
         self._last_receive = 0.0
@@ -215,8 +223,37 @@ class Connection:
 
     @property
     def close_reason(self) -> str | None:
-        """Why the connection ended, or ``None`` while it is open."""
+        """Why the connection ended, or ``None`` while it is open.
+
+        One line for a log or a user, e.g. ``"peer closed the WebSocket (1008 P2PSync 401
+        HelloProofInvalid)"`` or ``"closed by this side"``. For the bare WebSocket close code
+        and reason text use :attr:`close_code` and :attr:`close_text`.
+        """
         return self._close_reason
+
+    @property
+    def close_code(self) -> int | None:
+        """The WebSocket close code the connection ended with; ``None`` while it is open.
+
+        It is the code of the close frame that began the closing handshake, whichever side
+        sent it: the peer's (e.g. ``1008`` for a policy refusal) or ours (:meth:`aclose`'s
+        ``code``, ``1002`` after a BLIP protocol error). ``1006`` (abnormal closure, RFC 6455
+        §7.1.5) when no close frame was exchanged: the stream broke, the idle timeout cut a
+        silent peer, or the connection's task was cancelled.
+        """
+        if not self.closed:
+            return None
+        frame = self._opening_close_frame()
+        return int(CloseCode.ABNORMAL_CLOSURE if frame is None else frame.code)
+
+    @property
+    def close_text(self) -> str | None:
+        """The reason text of the close frame behind :attr:`close_code` (e.g.
+        ``"P2PSync 401 HelloProofInvalid"``); ``""`` when there was none, ``None`` while open."""
+        if not self.closed:
+            return None
+        frame = self._opening_close_frame()
+        return "" if frame is None else frame.reason
 
     def set_handler(self, profile: str, handler: HandlerSpec | None) -> None:
         """Register (or with ``None`` remove) the handler for a profile."""
@@ -300,40 +337,87 @@ class Connection:
         if sent is not None:
             await sent.wait()
         if self._close_reason is not None and number in self._sent_waiters:
-            raise closed_error(self._close_reason)
+            raise self._closed_error()
 
     def start_soon(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
-        """Run a task for as long as the connection lives (it is cancelled at close)."""
-        if self._nursery is None:
-            raise ConnectionClosed(self._close_reason or "connection not running")
-        self._nursery.start_soon(fn, *args)
+        """Run a task for as long as the connection lives (it is cancelled at close).
 
-    async def aclose(self) -> None:
-        """Close cleanly: WebSocket closing handshake, then the stream. Idempotent.
-
-        Requests still waiting fail with :class:`ConnectionClosed`.
+        Raises :class:`ConnectionClosed` when the connection is not running (not started
+        yet, ended, or being torn down).
         """
-        self._note_close("closed by this side")
-        self._core.close()
-        if self._ws.state is State.OPEN:
-            self._ws.send_close(CloseCode.NORMAL_CLOSURE)
+        nursery = self._nursery
+        if nursery is None or self._run_scope.cancel_called:
+            raise ConnectionClosed(self._close_reason or "connection not running")
+        try:
+            nursery.start_soon(fn, *args)
+        except RuntimeError:
+            # The nursery stopped taking tasks: the connection is ending (e.g. cancelled).
+            raise self._closed_error() from None
+
+    async def aclose(self, *, code: int = CloseCode.NORMAL_CLOSURE, reason: str = "") -> None:
+        """Close: the WebSocket closing handshake with ``code`` and ``reason``, then the stream.
+
+        The default is a normal closure (1000) without a reason; a refusal uses e.g.
+        ``await conn.aclose(code=1008, reason="P2PSync 401 HelloProofInvalid")``. The peer sees
+        both in its :attr:`close_code` / :attr:`close_text`, and requests still waiting on
+        either side fail with :class:`ConnectionClosed` carrying them. Idempotent: once a
+        close has begun, later calls do not change its code.
+
+        Waits up to :data:`CLOSE_TIMEOUT` for the peer to finish the handshake, then cuts the
+        stream; a caller that is cancelled meanwhile cuts it at once, and one cancelled
+        already cuts it without a handshake (the close is then ``1006``, ``cancelled``).
+        Called from a task of this connection (a handler), it returns at once and the close
+        completes afterwards.
+        Raises ``ValueError`` for a code that may not be sent (RFC 6455 §7.4: 1000–1003,
+        1007–1014, 3000–4999) or a reason longer than :data:`MAX_CLOSE_REASON_BYTES` bytes.
+        """
+        _check_close(code, reason)
+        if trio.current_effective_deadline() == -math.inf:
+            await self._cut_when_cancelled()
+            return
+        # Only a connection still open gets a close frame: one that ended without a closing
+        # handshake (stream broken, idle timeout) keeps reporting 1006.
+        if self._close_reason is None and self._ws.state is State.OPEN:
+            self._ws.send_close(code, reason)
             self._wake_writer()
-        self._start_close_deadline()
+        if code == CloseCode.NORMAL_CLOSURE and not reason:
+            self._note_close("closed by this side")
+        else:
+            self._note_close(f"closed by this side ({_describe_close(code, reason)})")
+        self._core.close()
         if not self._started:
             self._closed.set()
             with trio.CancelScope(shield=True):
                 await self._stream.aclose()
             return
-        if (
-            self._nursery is not None
-            and trio.lowlevel.current_task().parent_nursery is self._nursery
-        ):
-            return  # called from one of our own tasks (a handler): the close completes later
-        with trio.move_on_after(CLOSE_TIMEOUT) as scope:
-            scope.shield = True
-            await self._closed.wait()
-        self._run_scope.cancel()
-        await self._closed.wait()
+        self._start_close_deadline()
+        if self._in_own_task():
+            return  # waiting here would wait for ourselves: the close completes later
+        try:
+            await self._closed.wait()  # the close deadline bounds this wait
+        finally:
+            if not self._closed.is_set():
+                # Cancelled while waiting for the peer: cut the connection now.
+                self._run_scope.cancel()
+                with trio.CancelScope(shield=True):
+                    await self._closed.wait()
+
+    async def _cut_when_cancelled(self) -> None:
+        """aclose() from a cancelled caller: no closing handshake (its frame could not be
+        waited for, nor reliably written), just cut, so the end reads the same on both sides
+        whichever task notices the cancellation first: 1006, ``cancelled``."""
+        self._note_close("cancelled")
+        self._core.close()
+        if not self._started:
+            self._closed.set()
+            with trio.CancelScope(shield=True):
+                await self._stream.aclose()
+        else:
+            self._run_scope.cancel()
+            if not self._in_own_task():
+                with trio.CancelScope(shield=True):
+                    await self._closed.wait()
+        await trio.lowlevel.checkpoint()  # raises Cancelled
 
     async def wait_closed(self) -> None:
         """Wait until the connection has ended."""
@@ -355,6 +439,7 @@ class Connection:
         if self._started:
             raise RuntimeError("a connection runs once")
         self._started = True
+        self._run_task = trio.lowlevel.current_task()
         if self._closed.is_set():
             task_status.started()
             return  # closed before it ever ran
@@ -377,6 +462,9 @@ class Connection:
                         while self._ws.writes or self._writing:
                             await self._progress.park()
                     nursery.cancel_scope.cancel()
+        except BaseException as exc:
+            self._note_close("cancelled" if _only_cancelled(exc) else f"a connection task failed: {exc!r}")
+            raise
         finally:
             self._nursery = None
             self._shutdown(self._close_reason or "connection closed")
@@ -395,6 +483,9 @@ class Connection:
         urgent: bool,
         waiter: _Waiter | None,
     ) -> int:
+        # A cancelled caller gets Cancelled, not ConnectionClosed, even when the cancellation
+        # is closing this very connection.
+        await trio.lowlevel.checkpoint_if_cancelled()
         props: dict[str, str] = {PROFILE_PROPERTY: profile}
         if properties:
             for key, value in properties.items():
@@ -404,7 +495,7 @@ class Connection:
         while self._core.queued_messages >= MAX_QUEUED_MESSAGES and self._close_reason is None:
             await self._progress.park()
         if self._close_reason is not None:
-            raise closed_error(self._close_reason)
+            raise self._closed_error()
         data, source = _split_body(body)
         number = self._core.send_request(
             props,
@@ -426,6 +517,9 @@ class Connection:
     async def _await_reply(self, waiter: _Waiter) -> Response:
         await waiter.done.wait()
         if waiter.error is not None:
+            if isinstance(waiter.error, ConnectionClosed):
+                # The close may come from our own cancellation: report that instead.
+                await trio.lowlevel.checkpoint_if_cancelled()
             raise waiter.error
         assert waiter.response is not None
         return waiter.response
@@ -466,7 +560,7 @@ class Connection:
                 while True:
                     backlog = core.outgoing_backlog(mtype, number)
                     if backlog is None or self._close_reason is not None:
-                        raise closed_error(self._close_reason)
+                        raise self._closed_error()
                     if backlog < STREAM_LOW_WATER:
                         break
                     await self._progress.park()
@@ -801,6 +895,31 @@ class Connection:
                 self._ws.send_ping(b"blip")
                 self._wake_writer()
 
+    def _opening_close_frame(self) -> Close | None:
+        """The close frame that began the closing handshake (ours or the peer's), if any."""
+        ws = self._ws
+        if ws.close_rcvd is not None and (ws.close_sent is None or ws.close_rcvd_then_sent):
+            return ws.close_rcvd
+        return ws.close_sent
+
+    def _closed_error(self) -> ConnectionClosed:
+        """The exception operations get once this connection has ended."""
+        return ConnectionClosed(
+            self._close_reason or "connection closed",
+            close_code=self.close_code,
+            close_text=self.close_text,
+        )
+
+    def _in_own_task(self) -> bool:
+        """True when the current task is run() or one of its descendants (e.g. a handler)."""
+        task: trio.lowlevel.Task | None = trio.lowlevel.current_task()
+        while task is not None:
+            if task is self._run_task:
+                return True
+            parent = task.parent_nursery
+            task = parent.parent_task if parent is not None else None
+        return False
+
     def _ws_close_reason(self) -> str | None:
         close = self._ws.close_rcvd
         if close is None:
@@ -821,20 +940,22 @@ class Connection:
         self._note_close(reason)
         self._core.close()
         if self._ws.state is State.OPEN:
-            self._ws.fail(code, reason[:120])
+            self._ws.fail(code, _truncate_utf8(reason, MAX_CLOSE_REASON_BYTES))
         self._shutdown(reason)
         self._wake_writer()
         self._start_close_deadline()
 
     def _start_close_deadline(self) -> None:
-        """Once closing has begun, give the peer :data:`CLOSE_TIMEOUT` to finish it."""
-        if self._nursery is not None and not self._close_deadline_started:
-            self._close_deadline_started = True
-            self._nursery.start_soon(self._close_deadline)
+        """Once closing has begun, give the peer :data:`CLOSE_TIMEOUT` to finish it.
 
-    async def _close_deadline(self) -> None:
-        await trio.sleep(CLOSE_TIMEOUT)
-        self._abort(self._close_reason or "closing handshake timed out")
+        A deadline on the run scope rather than a timer task: starting a task here fails when
+        the run's nursery is already winding down (a cancellation racing with the close).
+        When it passes, the run scope is cancelled, which is what :meth:`_abort` does; the
+        close reason is already set.
+        """
+        deadline = trio.current_time() + CLOSE_TIMEOUT
+        if deadline < self._run_scope.deadline:
+            self._run_scope.deadline = deadline
 
     def _abort(self, reason: str) -> None:
         """Drop the connection without a closing handshake (peer gone or stream broken)."""
@@ -844,7 +965,8 @@ class Connection:
     def _shutdown(self, reason: str) -> None:
         """Fail everything still waiting on this connection."""
         self._core.close()
-        error = closed_error(reason)
+        self._note_close(reason)
+        error = self._closed_error()
         waiters, self._waiters = self._waiters, {}
         for waiter in waiters.values():
             waiter.error = error
@@ -873,6 +995,33 @@ async def _guarded(fn: Callable[[Connection], Awaitable[None]], conn: Connection
     except Exception:
         log.exception("%s: on_connect callback failed", conn.name)
         await conn.aclose()
+
+
+def _check_close(code: int, reason: str) -> None:
+    """Refuse a close code or reason that cannot go into a close frame."""
+    if not (code in SENDABLE_CLOSE_CODES or 3000 <= code < 5000):
+        raise ValueError(f"close code {code} may not be sent (RFC 6455 §7.4)")
+    if len(reason.encode("utf-8")) > MAX_CLOSE_REASON_BYTES:
+        raise ValueError(f"close reason longer than {MAX_CLOSE_REASON_BYTES} bytes: {reason[:40]!r}...")
+
+
+def _describe_close(code: int, reason: str) -> str:
+    return f"{code} {reason}" if reason else str(code)
+
+
+def _truncate_utf8(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` UTF-8 bytes, never inside a character."""
+    data = text.encode("utf-8")
+    if len(data) <= limit:
+        return text
+    return data[:limit].decode("utf-8", "ignore")
+
+
+def _only_cancelled(exc: BaseException) -> bool:
+    """True for ``Cancelled``, or a group holding nothing else (how a nursery reports it)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.split(trio.Cancelled)[1] is None
+    return isinstance(exc, trio.Cancelled)
 
 
 async def _send_eof(stream: trio.abc.Stream) -> None:
@@ -944,6 +1093,14 @@ async def _server_handshake(
             return None
 
 
+def _raise_handshake_failure(exc: BaseException) -> NoReturn:
+    """Re-raise a failed opening handshake; a broken stream becomes :class:`ConnectionClosed`
+    (the peer went away or was cancelled mid-handshake), everything else stays as it is."""
+    if isinstance(exc, trio.BrokenResourceError | trio.ClosedResourceError):
+        raise ConnectionClosed(f"WebSocket handshake failed: {exc or type(exc).__name__}") from exc
+    raise exc
+
+
 # ---------------------------------------------------------------------- entry points
 
 
@@ -985,10 +1142,10 @@ async def connect_stream(
     try:
         with trio.fail_after(HANDSHAKE_TIMEOUT):
             ws, leftover = await _client_handshake(stream, url, subprotocol)
-    except BaseException:
+    except BaseException as exc:
         with trio.CancelScope(shield=True):
             await stream.aclose()
-        raise
+        _raise_handshake_failure(exc)
     conn = Connection(
         stream,
         ws,
@@ -1013,16 +1170,21 @@ async def accept_stream(
     idle_timeout: float | None = IDLE_TIMEOUT,
     max_message_size: int = MAX_MESSAGE_SIZE,
 ) -> AsyncIterator[Connection]:
-    """Accept a BLIP connection as the server over an already open stream.
+    """Accept a BLIP connection as the server over an already open stream. Closes the stream
+    at the end, and also when the handshake fails or is cancelled.
 
-    Raises :class:`ConnectionClosed` when the client's handshake is refused.
+    Raises :class:`ConnectionClosed` when the client's handshake is refused or the stream
+    breaks during it.
     """
-    with trio.fail_after(HANDSHAKE_TIMEOUT):
-        accepted = await _server_handshake(stream, subprotocol_for(app_id))
-    if accepted is None:
+    try:
+        with trio.fail_after(HANDSHAKE_TIMEOUT):
+            accepted = await _server_handshake(stream, subprotocol_for(app_id))
+        if accepted is None:
+            raise ConnectionClosed("WebSocket handshake refused")
+    except BaseException as exc:
         with trio.CancelScope(shield=True):
             await stream.aclose()
-        raise ConnectionClosed("WebSocket handshake refused")
+        _raise_handshake_failure(exc)
     ws, leftover = accepted
     conn = Connection(
         stream,
@@ -1074,16 +1236,108 @@ async def connect(
 
 @dataclass
 class BlipServer:
-    """What :func:`serve` reports once it listens: its listeners and live connections."""
+    """A BLIP server: what :func:`serve` reports once it listens, and what serves each stream.
 
-    listeners: list[trio.SocketListener]
+    ``listeners`` are what it accepts on and ``connections`` its live connections. The
+    keyword fields configure every connection it accepts. :meth:`serve_stream` serves one
+    already open stream, so a server runs over any trio stream, e.g. in-memory ones in tests::
+
+        server = blip.BlipServer(app_id="P2PSync_1", handlers=handlers, on_connect=greet)
+        client_end, server_end = trio.testing.memory_stream_pair()
+        nursery.start_soon(server.serve_stream, server_end)
+        async with blip.connect_stream(client_end) as conn: ...
+    """
+
+    listeners: list[trio.abc.Listener[Any]] = field(default_factory=list)
     connections: set[Connection] = field(default_factory=set)
+    _: KW_ONLY
+    app_id: str = DEFAULT_APP_ID
+    handlers: Mapping[str, HandlerSpec] | None = None
+    #: Runs in each accepted connection's task group, once it runs (it may send requests).
+    on_connect: Callable[[Connection], Awaitable[None]] | None = None
+    ping_interval: float | None = PING_INTERVAL
+    idle_timeout: float | None = IDLE_TIMEOUT
+    max_message_size: int = MAX_MESSAGE_SIZE
 
     @property
     def port(self) -> int:
         """The TCP port of the first listener (useful after binding port 0)."""
-        port: int = self.listeners[0].socket.getsockname()[1]
+        listener = self.listeners[0] if self.listeners else None
+        if not isinstance(listener, trio.SocketListener):
+            raise ValueError("this server has no TCP listener")
+        port: int = listener.socket.getsockname()[1]
         return port
+
+    async def serve_stream(
+        self,
+        stream: trio.abc.Stream,
+        *,
+        task_status: trio.TaskStatus[Connection] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Accept one client over an open stream and serve it until the connection ends.
+
+        This is what :func:`serve` runs for each TCP connection. The stream is closed at the
+        end. A connection that fails, also during its handshake, is logged and ends here
+        without raising, so one bad client never takes a server down. With
+        ``nursery.start`` the accepted :class:`Connection` is returned once it runs, and a
+        failed handshake raises (:class:`ConnectionClosed`, ``trio.TooSlowError``) instead.
+        """
+        started = False
+        try:
+            async with accept_stream(
+                stream,
+                app_id=self.app_id,
+                handlers=self.handlers,
+                ping_interval=self.ping_interval,
+                idle_timeout=self.idle_timeout,
+                max_message_size=self.max_message_size,
+            ) as conn:
+                self.connections.add(conn)
+                try:
+                    if self.on_connect is not None:
+                        conn.start_soon(_guarded, self.on_connect, conn)
+                    task_status.started(conn)
+                    started = True
+                    await conn.wait_closed()
+                finally:
+                    self.connections.discard(conn)
+        except (ConnectionClosed, trio.TooSlowError, InvalidHandshake, InvalidState) as exc:
+            if not started and task_status is not trio.TASK_STATUS_IGNORED:
+                raise  # the caller of nursery.start learns why there is no connection
+            log.info("connection ended during setup: %s", exc)
+        except Exception:
+            # One bad connection must not take the listener down.
+            log.exception("BLIP connection failed")
+
+
+async def serve_listeners(
+    listeners: Sequence[trio.abc.Listener[trio.abc.Stream]],
+    app_id: str = DEFAULT_APP_ID,
+    handlers: Mapping[str, HandlerSpec] | None = None,
+    *,
+    on_connect: Callable[[Connection], Awaitable[None]] | None = None,
+    ping_interval: float | None = PING_INTERVAL,
+    idle_timeout: float | None = IDLE_TIMEOUT,
+    max_message_size: int = MAX_MESSAGE_SIZE,
+    task_status: trio.TaskStatus[BlipServer] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Accept BLIP connections on any trio listeners until cancelled (then closes them).
+
+    :func:`serve` is this over TCP listeners; with a :class:`~p2psync.blip.memory.MemoryListener`
+    the same server runs over in-memory streams. Reports the :class:`BlipServer` through
+    ``task_status``.
+    """
+    server = BlipServer(
+        list(listeners),
+        app_id=app_id,
+        handlers=handlers,
+        on_connect=on_connect,
+        ping_interval=ping_interval,
+        idle_timeout=idle_timeout,
+        max_message_size=max_message_size,
+    )
+    task_status.started(server)
+    await trio.serve_listeners(server.serve_stream, server.listeners)
 
 
 async def serve(
@@ -1105,30 +1359,13 @@ async def serve(
     to send the client requests of our own); the connection lives until either side closes.
     """
     listeners = await trio.open_tcp_listeners(port, host=host)
-    server = BlipServer(listeners)
-
-    async def handle(stream: trio.SocketStream) -> None:
-        try:
-            async with accept_stream(
-                stream,
-                app_id=app_id,
-                handlers=handlers,
-                ping_interval=ping_interval,
-                idle_timeout=idle_timeout,
-                max_message_size=max_message_size,
-            ) as conn:
-                server.connections.add(conn)
-                try:
-                    if on_connect is not None:
-                        conn.start_soon(_guarded, on_connect, conn)
-                    await conn.wait_closed()
-                finally:
-                    server.connections.discard(conn)
-        except (ConnectionClosed, trio.TooSlowError, InvalidHandshake, InvalidState) as exc:
-            log.info("connection ended during setup: %s", exc)
-        except Exception:
-            # One bad connection must not take the listener down.
-            log.exception("BLIP connection failed")
-
-    task_status.started(server)
-    await trio.serve_listeners(handle, listeners)
+    await serve_listeners(
+        listeners,
+        app_id,
+        handlers,
+        on_connect=on_connect,
+        ping_interval=ping_interval,
+        idle_timeout=idle_timeout,
+        max_message_size=max_message_size,
+        task_status=task_status,
+    )

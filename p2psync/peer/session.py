@@ -607,11 +607,8 @@ def attachment_proof(nonce: bytes, data: bytes) -> bytes:
 
 
 async def _close(conn: blip.Connection, code: int, reason: str) -> None:
-    """Close with a WebSocket code and reason when the BLIP layer offers it."""
-    try:
-        await conn.aclose(code=code, reason=reason)
-    except TypeError:
-        await conn.aclose()
+    """Close with a WebSocket code and reason (§2: 1008 and ``P2PSync <code> <Name>``)."""
+    await conn.aclose(code=code, reason=reason)
 
 
 def _bind_gate(

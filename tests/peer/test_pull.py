@@ -95,7 +95,8 @@ async def test_forged_hello_is_refused(tmp_path: Path) -> None:
                 await conn.request("hello", {}, encode_body(mine.to_wire()))
                 await conn.request("getCollections", {}, encode_body({"collections": []}))
             await conn.wait_closed()
-            assert conn.closed
+            # §2: a failed hello closes with 1008 and the reason "P2PSync 401 <Name>".
+            assert conn.close_code == 1008 and (conn.close_text or "").startswith("P2PSync 401 Hello")
         nursery.cancel_scope.cancel()
 
 
