@@ -48,6 +48,34 @@ def _open_node(args: argparse.Namespace) -> tuple[Any, Any]:
     return identity, Dwn(Store(store_path))
 
 
+def _identity(args: argparse.Namespace) -> Any:
+    from p2psync.home import HomeError
+
+    try:
+        return _home(args).load_identity()
+    except HomeError as exc:
+        raise CliError(str(exc)) from None
+
+
+def _store_path(args: argparse.Namespace) -> Path:
+    return Path(args.store) if getattr(args, "store", None) else Path(_home(args).store_path)
+
+
+def _open_store(args: argparse.Namespace, *, must_exist: bool) -> Any:
+    """The node's Store (or --store's); ``must_exist``: refuse rather than create a new file."""
+    from p2psync.dwn.errors import DwnError
+    from p2psync.dwn.store import Store
+
+    path = _store_path(args)
+    if must_exist and not path.exists():
+        hint = "" if getattr(args, "store", None) else "; run `p2psync init` first"
+        raise CliError(f"no store at {path}{hint}")
+    try:
+        return Store(path)
+    except DwnError as exc:
+        raise CliError(f"cannot open {path}: {exc}") from None
+
+
 def _check(reply: Any, what: str) -> None:
     if not reply.ok:
         raise CliError(f"{what} refused ({reply.code}): {reply.detail}")
@@ -206,6 +234,85 @@ def cmd_query(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from p2psync import cli_sync
+
+    identity = _identity(args)
+    store = _open_store(args, must_exist=False)
+    quiet = cli_sync.log_to_stderr(args.verbose)
+    try:
+        return cli_sync.run_serve(store, identity, args.host, args.port)
+    except cli_sync.CliFailure as exc:
+        raise CliError(str(exc)) from None
+    finally:
+        quiet()
+        store.close()
+
+
+def cmd_sync(args: argparse.Namespace) -> int:
+    from p2psync import cli_sync
+
+    identity = _identity(args)
+    if args.tenant is not None and not args.tenant.startswith("did:"):
+        raise CliError(f"--tenant {args.tenant} is not a DID")
+    # A bar only where a person watches (or when asked): a pipe or a log file gets the summary.
+    progress = sys.stderr.isatty() if args.progress is None else bool(args.progress)
+    store = _open_store(args, must_exist=False)
+    quiet = cli_sync.log_to_stderr(args.verbose)
+    try:
+        return cli_sync.run_sync(
+            store, identity, args.url, tenant=args.tenant or identity.did, protocol=args.protocol,
+            direction=args.direction, continuous=args.continuous, progress=progress, as_json=args.json,
+        )
+    except cli_sync.CliFailure as exc:
+        raise CliError(str(exc)) from None
+    finally:
+        quiet()
+        store.close()
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from p2psync import cli_sync
+
+    store = _open_store(args, must_exist=True)
+    try:
+        report = cli_sync.status_report(store)
+    finally:
+        store.close()
+    if args.json:
+        _print_json(report)
+    else:
+        print("\n".join(cli_sync.status_lines(report)))
+    return EXIT_OK
+
+
+def cmd_grant_sync(args: argparse.Namespace) -> int:
+    from p2psync import cli_sync
+
+    identity = _identity(args)
+    store = _open_store(args, must_exist=False)
+    try:
+        records = cli_sync.grant_sync(store, identity, args.did, protocol=args.protocol, expires=args.expires)
+    except cli_sync.CliFailure as exc:
+        raise CliError(str(exc)) from None
+    finally:
+        store.close()
+    _print_json({"grantor": identity.did, "grantee": args.did, "records": records})
+    return EXIT_OK
+
+
+def cmd_store_digest(args: argparse.Namespace) -> int:
+    from p2psync.replication.digest import store_digest
+
+    store = _open_store(args, must_exist=True)
+    try:
+        digest = store_digest(store, args.tenant)
+    finally:
+        store.close()
+    _print_json(digest)
+    return EXIT_OK
+
+
 def cmd_dwn_pipe(args: argparse.Namespace) -> int:
     from p2psync.dwn.pipe import run_pipe
 
@@ -276,6 +383,47 @@ def build_parser() -> argparse.ArgumentParser:
     for flag in ("--protocol", "--protocol-path", "--schema", "--context-id", "--recipient", "--tenant", "--store"):
         sp.add_argument(flag)
     sp.add_argument("--json", action="store_true", help="machine-readable output")
+
+    from p2psync.cli_sync import DEFAULT_HOST, DEFAULT_PORT
+
+    sp = add("serve", cmd_serve, "serve this node to peers (the passive side of sync) until Ctrl-C")
+    sp.add_argument("--store")
+    sp.add_argument("--host", default=DEFAULT_HOST, help=f"address to listen on (default {DEFAULT_HOST})")
+    sp.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"TCP port (default {DEFAULT_PORT}; 0: any free)")
+    sp.add_argument("-v", "--verbose", action="store_true", help="log connections' link state changes to stderr")
+
+    sp = add("sync", cmd_sync, "replicate a tenant with the peer at URL (ws://host:port/_p2psync)")
+    sp.add_argument("url")
+    sp.add_argument("--store")
+    way = sp.add_mutually_exclusive_group()
+    way.add_argument("--pull", dest="direction", action="store_const", const="pull", help="peer -> here (default)")
+    way.add_argument("--push", dest="direction", action="store_const", const="push", help="here -> peer")
+    way.add_argument("--both", dest="direction", action="store_const", const="both", help="both ways at once")
+    sp.set_defaults(direction="pull")
+    sp.add_argument("--continuous", action="store_true", help="keep replicating until Ctrl-C")
+    sp.add_argument("--tenant", help="the tenant to replicate (default: your own DID)")
+    sp.add_argument("--protocol", metavar="URL", help="replicate only this protocol's records")
+    sp.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    sp.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                    help="progress bar on stderr (default: only when stderr is a terminal)")
+    sp.add_argument("-v", "--verbose", action="store_true", help="log link state changes and retries to stderr")
+
+    sp = add("status", cmd_status, "replication links, their states and checkpoints")
+    sp.add_argument("--store")
+    sp.add_argument("--json", action="store_true", help="machine-readable output")
+
+    grant = sub.add_parser("grant", help="grants to other DIDs").add_subparsers(dest="sub", required=True)
+    sp = add("sync", cmd_grant_sync, "grant DID the right to sync your tenant's data (a delegated sync grant)", grant)
+    sp.add_argument("did")
+    sp.add_argument("--protocol", metavar="URL", help="only this protocol's records")
+    sp.add_argument("--expires", metavar="TIMESTAMP", help="when the grant ends (DWN timestamp, e.g. "
+                    "2030-01-01T00:00:00.000000Z)")
+    sp.add_argument("--store")
+
+    store = sub.add_parser("store", help="store tools").add_subparsers(dest="sub", required=True)
+    sp = add("digest", cmd_store_digest, "print {tenant: {messages, digest}}: compare replicas", store)
+    sp.add_argument("--store")
+    sp.add_argument("--tenant", help="only this tenant")
 
     dwn = sub.add_parser("dwn", help="engine tools").add_subparsers(dest="sub", required=True)
     sp = add("pipe", cmd_dwn_pipe, "JSON-lines interop pipe over stdin/stdout (protocol/interop-pipe.md)", dwn)

@@ -1,0 +1,476 @@
+"""Bodies of the replication commands: ``serve``, ``sync``, ``status``, ``grant sync``,
+``store digest`` (``docs/cli.md``). ``p2psync.cli`` parses the arguments and opens the node;
+these functions do the work and print.
+
+Every failure a user can cause raises :class:`CliFailure`, which ``p2psync.cli`` prints as one
+line (exit 1); Ctrl-C or SIGTERM stop ``serve`` and ``sync --continuous`` cleanly (exit 0).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, TextIO
+
+import trio
+
+from p2psync.dwn.did import Identity
+from p2psync.dwn.errors import DwnError
+from p2psync.dwn.store import Store
+from p2psync.peer.stats import SyncProgress, SyncSummary
+
+__all__ = [
+    "DEFAULT_HOST",
+    "DEFAULT_PORT",
+    "SYNC_PATH",
+    "CliFailure",
+    "ProgressBars",
+    "describe_failure",
+    "grant_sync",
+    "log_to_stderr",
+    "run_serve",
+    "run_sync",
+    "status_lines",
+    "status_report",
+    "summary_lines",
+    "ws_url",
+]
+
+#: Loopback by default: serving a tenant's data to the network is a choice the user makes.
+DEFAULT_HOST = "127.0.0.1"
+#: Couchbase Sync Gateway's public port, the home of the replication protocol we follow (and
+#: the port of the BLIP examples in docs/blip.md); ``blip echo`` uses 4985 beside it.
+DEFAULT_PORT = 4984
+#: The WebSocket path of the replication profiles (protocol/replication-profiles.md §2).
+SYNC_PATH = "/_p2psync"
+#: A grant record is stored when the engine answers 202 Accepted.
+ACCEPTED = 202
+#: Progress bar redraws at most this often (seconds). Ours: four a second reads as smooth, and
+#: keeps terminal writes rare in a callback that runs once per settled message.
+PROGRESS_MIN_INTERVAL = 0.25
+
+Direction = Literal["pull", "push", "both"]
+
+
+class CliFailure(Exception):
+    """Raised by these bodies for ``p2psync.cli`` to print as one line (it maps to CliError)."""
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def ws_url(host: str, port: int) -> str:
+    """``ws://host:port/_p2psync``, with an IPv6 literal in brackets."""
+    shown = f"[{host}]" if ":" in host and not host.startswith("[") else host
+    return f"ws://{shown}:{port}{SYNC_PATH}"
+
+
+def human_bytes(n: float) -> str:
+    """1536 -> '1.5 KiB'."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    """The one meaningful exception inside (possibly nested) exception groups."""
+    while isinstance(exc, BaseExceptionGroup):
+        inner = [e for e in exc.exceptions if not isinstance(e, trio.Cancelled)] or list(exc.exceptions)
+        exc = inner[0]
+    return exc
+
+
+def _os_reason(exc: OSError) -> str:
+    """'Connection refused' rather than trio's 'all attempts to connect to … failed'."""
+    cause = exc.__cause__
+    if isinstance(cause, BaseExceptionGroup):
+        for inner in cause.exceptions:
+            if isinstance(inner, OSError) and inner.strerror:
+                return inner.strerror
+    return exc.strerror or str(exc)
+
+
+def describe_failure(exc: BaseException, url: str) -> str | None:
+    """The one line for a sync failure, or None when ``exc`` is not one we explain."""
+    from p2psync import blip
+    from p2psync.peer.session import HelloFailed
+    from p2psync.peer.wire import PeerError
+
+    exc = _leaf(exc)
+    if isinstance(exc, PeerError):
+        text = f"{url} refused: {exc.code} {exc.name}"
+        return f"{text}: {exc.detail}" if exc.detail else text
+    if isinstance(exc, HelloFailed):
+        return f"hello with {url} failed: {exc}"
+    if isinstance(exc, blip.BlipError):
+        return f"{url} answered an error: {exc}"
+    if isinstance(exc, blip.ConnectionClosed):
+        return f"the connection to {url} closed: {exc.reason}"
+    if isinstance(exc, trio.TooSlowError):
+        return f"{url} did not answer in time"
+    if isinstance(exc, OSError):
+        return f"cannot connect to {url}: {_os_reason(exc)}"
+    if isinstance(exc, DwnError):
+        return str(exc)
+    return None
+
+
+def check_url(url: str) -> None:
+    """Refuse anything but a ``ws://host:port/path`` URL before opening anything."""
+    from websockets.uri import parse_uri
+
+    try:
+        uri = parse_uri(url)
+    except Exception as exc:  # websockets raises InvalidURI, ValueError for a bad port
+        raise CliFailure(f"{url} is not a ws:// URL ({exc})") from None
+    if uri.secure:
+        raise CliFailure(f"{url}: wss:// is not supported yet; use ws://")
+
+
+def _stop_signals() -> Any:
+    """A receiver of SIGINT and SIGTERM. Open it before anything starts, so that an early
+    signal still stops cleanly instead of killing the process mid-commit."""
+    return trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM)
+
+
+async def _cancel_on_signal(signals: Any, cancel_scope: trio.CancelScope, stopped: list[int]) -> None:
+    """Cancel ``cancel_scope`` at the first signal; record which one in ``stopped``."""
+    async for signum in signals:
+        stopped.append(signum)
+        cancel_scope.cancel()
+        return
+
+
+class _BarSafeHandler(logging.Handler):
+    """Writes through ``tqdm.write``, which lifts any progress bar, prints the line whole and
+    redraws the bar (a plain write would land in the middle of the bar's line)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        super().__init__()
+        self.stream = stream
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from tqdm import tqdm
+
+        try:
+            tqdm.write(self.format(record), file=self.stream)
+        except Exception:
+            self.handleError(record)
+
+
+def log_to_stderr(verbose: bool, stream: TextIO | None = None) -> Callable[[], None]:
+    """Show p2psync's own log records (link state changes, retries) on stderr: warnings
+    always, info with ``--verbose``. Returns the undo. On the ``p2psync`` logger, not the root
+    one, so a host program's (or pytest's) logging stays as it was."""
+    logger = logging.getLogger("p2psync")
+    handler = _BarSafeHandler(stream if stream is not None else sys.stderr)
+    handler.setFormatter(logging.Formatter("p2psync: %(message)s"))
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO if verbose else logging.WARNING)
+
+    def undo() -> None:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+    return undo
+
+
+# --------------------------------------------------------------------------- serve
+
+
+def run_serve(store: Store, identity: Identity, host: str, port: int, *, out: TextIO | None = None) -> int:
+    """Serve the passive role on ``host:port`` until Ctrl-C or SIGTERM; prints the URL and DID."""
+    from p2psync.peer.peer import Peer
+
+    stream = out if out is not None else sys.stdout
+    peer = Peer(store, identity)
+
+    async def main() -> list[int]:
+        stopped: list[int] = []
+        with _stop_signals() as signals:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_cancel_on_signal, signals, nursery.cancel_scope, stopped)
+                try:
+                    server = await nursery.start(peer.serve, host, port)
+                except OSError as exc:
+                    raise CliFailure(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+                # Flushed: a supervising process (or a test) reads the URL from a pipe.
+                print(f"serving {ws_url(host, server.port)}", file=stream, flush=True)
+                print(f"did: {identity.did}", file=stream, flush=True)
+                print(f"storeId: {peer.store_id}", file=stream, flush=True)
+        return stopped
+
+    try:
+        stopped = trio.run(main)
+    except BaseExceptionGroup as group:
+        raise _leaf(group) from None
+    name = signal.Signals(stopped[0]).name if stopped else "end"
+    print(f"stopped ({name})", file=stream, flush=True)
+    return 0
+
+
+# --------------------------------------------------------------------------- sync
+
+
+@dataclass
+class ProgressBars:
+    """One tqdm bar per direction on ``stream`` (messages, bytes, rate), fed by ``on_progress``.
+
+    Disabled bars still record the last report of each direction (for the summary of a
+    stopped continuous sync).
+    """
+
+    enabled: bool
+    stream: TextIO = field(default_factory=lambda: sys.stderr)
+    last: dict[str, SyncProgress] = field(default_factory=dict)
+    _bars: dict[str, Any] = field(default_factory=dict)
+    _started: float = field(default_factory=time.monotonic)
+
+    def __call__(self, progress: SyncProgress) -> None:
+        self.last[progress.direction] = progress
+        if not self.enabled:
+            return
+        bar = self._bars.get(progress.direction)
+        if bar is None:
+            from tqdm import tqdm
+
+            bar = tqdm(desc=progress.direction, unit=" msg", file=self.stream, position=len(self._bars),
+                       leave=True, dynamic_ncols=True, mininterval=PROGRESS_MIN_INTERVAL)
+            self._bars[progress.direction] = bar
+        elapsed = max(time.monotonic() - self._started, 1e-9)
+        postfix = f"{human_bytes(progress.bytes)} ({human_bytes(progress.bytes / elapsed)}/s)"
+        if progress.position is not None and progress.latest is not None:
+            postfix += f", log {progress.position}/{progress.latest}"
+        bar.set_postfix_str(postfix, refresh=False)
+        bar.update(progress.messages - bar.n)
+
+    def close(self) -> None:
+        for bar in self._bars.values():
+            bar.close()
+        self._bars.clear()
+
+
+def _position(checkpoint: Any, direction: str) -> str | None:
+    """contiguousAppliedToken.position of one direction of a saved checkpoint pair."""
+    if not isinstance(checkpoint, dict):
+        return None
+    token = (checkpoint.get(direction) or {}).get("contiguousAppliedToken")
+    return None if not isinstance(token, dict) else str(token.get("position"))
+
+
+def summary_lines(summary: SyncSummary, seconds: float) -> list[str]:
+    """The final human summary of one ``sync``."""
+    lines = [f"tenant {summary.tenant} with {summary.remote}"]
+    for direction, stats in (("pull", summary.pull), ("push", summary.push)):
+        if stats is None:
+            continue
+        if direction == "pull":
+            verb, moved, size = "pulled", stats.revs_received, stats.bytes_received
+        else:
+            verb, moved, size = "pushed", stats.revs_sent, stats.bytes_sent
+        rate = f"{moved / seconds:,.0f} msg/s" if seconds > 0 else "-"
+        line = (f"{verb} {moved} message(s), {stats.revs_applied} new, {stats.items_skipped} already held; "
+                f"{human_bytes(size)} in {seconds:.1f} s ({rate})")
+        extra = [f"{n} {what}" for n, what in ((stats.dependencies_fetched, "dependencies fetched"),
+                                               (stats.attachments_fetched, "attachments fetched")) if n]
+        if extra:
+            line += "; " + ", ".join(extra)
+        lines.append(line)
+        frontier = _position(summary.checkpoint, direction)
+        lines.append(f"  {direction} checkpoint: " + ("at the start" if frontier is None else f"position {frontier}"))
+    return lines
+
+
+def run_sync(
+    store: Store,
+    identity: Identity,
+    url: str,
+    *,
+    tenant: str,
+    protocol: str | None,
+    direction: Direction,
+    continuous: bool,
+    progress: bool,
+    as_json: bool,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+) -> int:
+    """Run one sync (or a continuous one until Ctrl-C / SIGTERM) and print its summary."""
+    from p2psync.peer.peer import Peer
+    from p2psync.replication.scope import SyncScope
+
+    stdout = out if out is not None else sys.stdout
+    stderr = err if err is not None else sys.stderr
+    check_url(url)
+    try:
+        scope = SyncScope.global_scope() if protocol is None else SyncScope.for_protocol(protocol)
+    except DwnError as exc:
+        raise CliFailure(f"--protocol {protocol}: {exc}") from None
+    peer = Peer(store, identity)
+    bars = ProgressBars(progress, stderr)
+
+    async def main() -> tuple[SyncSummary | None, BaseException | None, list[int]]:
+        stopped: list[int] = []
+        summary: SyncSummary | None = None
+        failure: BaseException | None = None
+        with _stop_signals() as signals:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_cancel_on_signal, signals, nursery.cancel_scope, stopped)
+                try:
+                    summary = await peer.sync(url, tenant=tenant, scope=scope, direction=direction,
+                                              continuous=continuous, on_progress=bars)
+                except Exception as exc:  # explained below; a nursery would wrap it in a group
+                    failure = exc
+                nursery.cancel_scope.cancel()
+        return summary, failure, stopped
+
+    started = time.monotonic()
+    try:
+        summary, failure, stopped = trio.run(main)
+    finally:
+        bars.close()
+    seconds = time.monotonic() - started
+    if failure is not None:
+        line = describe_failure(failure, url)
+        if line is None:
+            raise failure
+        raise CliFailure(line)
+    if summary is None:  # stopped by a signal (a continuous sync never returns otherwise)
+        report = {d: {"messages": p.messages, "bytes": p.bytes} for d, p in bars.last.items()}
+        if as_json:
+            print(json.dumps({"stopped": True, "seconds": round(seconds, 3), **report}), file=stdout)
+        else:
+            done = ", ".join(f"{d} {r['messages']} message(s), {human_bytes(r['bytes'])}" for d, r in report.items())
+            print(f"stopped after {seconds:.1f} s" + (f": {done}" if done else ""), file=stdout)
+        return 0
+    if as_json:
+        print(json.dumps(summary.to_json()), file=stdout)
+    else:
+        # The peer's own clock excludes our start-up; fall back to ours if it kept none.
+        print("\n".join(summary_lines(summary, summary.seconds or seconds)), file=stdout)
+    return 0
+
+
+# --------------------------------------------------------------------------- status
+
+
+def _frontier(checkpoint: dict[str, Any]) -> int | None:
+    token = checkpoint.get("contiguousAppliedToken")
+    return None if token is None else int(token["position"])
+
+
+def _copies(store: Store) -> list[dict[str, Any]]:
+    """The checkpoint copies this store keeps as the passive side (p2psync/peer/copies.py).
+
+    Read straight from its table: ``CheckpointCopies`` has no listing call, and a serving
+    node's ledger has no links (only the active side opens them), so this is what says which
+    peers synced here and how far.
+    """
+    exists = store.conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type='table' AND name='peer_checkpoint_copies'"
+    ).fetchone()
+    if exists is None:
+        return []
+    out = []
+    rows = store.conn.execute(
+        "SELECT peer_did, checkpoint_id, rev, body FROM peer_checkpoint_copies ORDER BY peer_did, checkpoint_id"
+    )
+    for peer_did, cid, rev, body in rows:
+        pair = json.loads(body)
+        out.append({"peer": peer_did, "checkpointId": cid, "rev": rev,
+                    "frontier": {d: _frontier(pair.get(d, {})) for d in ("pull", "push")}})
+    return out
+
+
+def status_report(store: Store) -> dict[str, Any]:
+    """``{"storeId", "links": [...], "copies": [...]}`` from the store's ledger and copies.
+
+    Each link is the ledger's ``ReplicationLinkState`` object (``Ledger.link_state``) plus
+    ``frontier``: ``{"pull": int | None, "push": int | None}``, the contiguousAppliedToken
+    position of each direction (None: nothing applied yet). Each copy is one checkpoint pair
+    this store keeps for an active peer that synced with it: ``{"peer", "checkpointId", "rev",
+    "frontier"}`` (the peer's pull frontier is a position in this store's log).
+    """
+    from p2psync.peer.copies import store_id
+    from p2psync.replication.ledger import Ledger
+
+    ledger = Ledger.for_store(store)
+    links = []
+    for link in ledger.links():
+        state = ledger.link_state(link.key)
+        state["frontier"] = {"pull": _frontier(state["pull"]), "push": _frontier(state["push"])}
+        links.append(state)
+    return {"storeId": store_id(store), "links": links, "copies": _copies(store)}
+
+
+def status_lines(report: dict[str, Any]) -> list[str]:
+    """``status`` for a person: one block per link."""
+    lines = [f"storeId {report['storeId']}"]
+    if not report["links"] and not report["copies"]:
+        lines.append("no links yet (run `p2psync sync URL`, or serve and let a peer connect)")
+    for link in report["links"]:
+        scope = link["scope"]
+        scope_text = scope["kind"] if scope["kind"] != "protocol" else f"protocol {scope.get('protocol')}"
+        lines.append(f"{link['tenantDid']}  <->  {link['remoteEndpoint']}")
+        lines.append(f"  scope {scope_text} ({link['scopeId']}), state {link['state']}, "
+                     f"{link['failureCount']} failure(s)")
+        lines.append(f"  last success {link.get('lastSuccessAt', '-')}, last failure {link.get('lastFailureAt', '-')}"
+                     + (f" ({link['lastError']})" if "lastError" in link else ""))
+        for direction in ("pull", "push"):
+            cp = link[direction]
+            at = link["frontier"][direction]
+            if at is None:
+                lines.append(f"  {direction}: nothing applied yet")
+                continue
+            received = int(cp["receivedToken"]["position"])
+            pending = len(cp.get("pendingTokens", []))
+            lines.append(f"  {direction}: applied through position {at} (received {received}"
+                         + (f", {pending} pending" if pending else "") + ")")
+    if report["copies"]:
+        lines.append("checkpoints kept for peers that sync with this node:")
+    for copy in report["copies"]:
+        at = ", ".join(f"{d} {'-' if p is None else f'position {p}'}" for d, p in copy["frontier"].items())
+        lines.append(f"  {copy['peer']}  {at}  (checkpoint {copy['checkpointId']}, rev {copy['rev']})")
+    return lines
+
+
+# --------------------------------------------------------------------------- grant sync
+
+
+def grant_sync(
+    store: Store, tenant: Identity, grantee: str, *, protocol: str | None, expires: str | None
+) -> list[dict[str, Any]]:
+    """Author the delegated sync grant(s) from ``tenant`` to ``grantee`` and store them.
+
+    Each message must be accepted (202); returns one ``{"recordId", "messageCid", "status"}``
+    per message, in the order stored.
+    """
+    from p2psync.dwn.encoding import message_cid
+    from p2psync.dwn.engine import Dwn
+    from p2psync.dwn.timeutil import is_dwn_date_time
+    from p2psync.replication.authz import sync_grant_messages
+
+    if not grantee.startswith("did:"):
+        raise CliFailure(f"{grantee} is not a DID")
+    if expires is not None and not is_dwn_date_time(expires):
+        raise CliFailure(f"--expires {expires} is not a DWN timestamp (like 2030-01-01T00:00:00.000000Z)")
+    try:
+        messages = sync_grant_messages(tenant, grantee, protocol=protocol, expires=expires)
+    except (DwnError, ValueError) as exc:
+        raise CliFailure(f"cannot author the grant: {exc}") from None
+    dwn = Dwn(store)
+    out = []
+    for message, data in messages:
+        reply = dwn.process_message(tenant.did, message, data)
+        if reply.code != ACCEPTED:
+            raise CliFailure(f"grant refused ({reply.code}): {reply.detail}")
+        out.append({"recordId": message.get("recordId"), "messageCid": message_cid(message), "status": reply.code})
+    return out
