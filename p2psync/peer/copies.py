@@ -1,5 +1,6 @@
-"""A store's peer-side state: its storeId (§1.3) and the checkpoint copies it keeps for active
-peers (§4.3), in the store's own database file.
+"""A store's peer-side state: its storeId (§1.3), the checkpoint copies it keeps for active
+peers (§4.3) and the origin of replicated messages (§11 echo suppression), in the store's own
+database file.
 
 The copies live beside the messages on the store's connection, so a copy is never durable while
 the messages it covers are not (one WAL file commits in order). Tables ``peer_*`` only.
@@ -15,7 +16,7 @@ from p2psync.dwn.encoding import compute_cid, dag_cbor_encode, json_compact
 from p2psync.dwn.store import Store
 from p2psync.replication.checkpoint import DirectionCheckpoint
 
-__all__ = ["CheckpointCopies", "checkpoint_id", "pair_rev", "store_id"]
+__all__ = ["CheckpointCopies", "Origins", "checkpoint_id", "pair_rev", "store_id"]
 
 _SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS peer_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -27,6 +28,13 @@ CREATE TABLE IF NOT EXISTS peer_checkpoint_copies (
     body TEXT NOT NULL,
     PRIMARY KEY (peer_did, checkpoint_id)
 );
+-- The store a replicated message first arrived from (written in the apply's own commit).
+CREATE TABLE IF NOT EXISTS peer_origins (
+    tenant TEXT NOT NULL,
+    cid TEXT NOT NULL,
+    store_id TEXT NOT NULL,
+    PRIMARY KEY (tenant, cid)
+) WITHOUT ROWID;
 """
 
 
@@ -106,3 +114,33 @@ class CheckpointCopies:
                 (peer_did, cid, generation, new_rev, json_compact(canonical)),
             )
             return new_rev
+
+
+class Origins:
+    """Which store each replicated message came from (§11, echo suppression by origin).
+
+    A pusher settles, without proposing, log entries that came from the very store it is
+    pushing to: that store had them. Only the first arrival is kept (a message that came from
+    two stores came from the first).
+    """
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        _ensure(store)
+
+    def record(self, tenant: str, cid: str, origin_store_id: str) -> None:
+        """Inside the caller's transaction (the apply's batch)."""
+        self.store.conn.execute(
+            "INSERT OR IGNORE INTO peer_origins(tenant, cid, store_id) VALUES(?,?,?)", (tenant, cid, origin_store_id)
+        )
+
+    def from_store(self, tenant: str, cids: list[str], origin_store_id: str) -> set[str]:
+        """The subset of ``cids`` that came from ``origin_store_id``."""
+        if not cids:
+            return set()
+        marks = ",".join("?" * len(cids))
+        rows = self.store.conn.execute(
+            f"SELECT cid FROM peer_origins WHERE tenant=? AND store_id=? AND cid IN ({marks})",
+            (tenant, origin_store_id, *cids),
+        )
+        return {str(r[0]) for r in rows}

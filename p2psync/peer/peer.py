@@ -59,6 +59,9 @@ AGENT = "p2psync/0.1.0"
 CHECKPOINT_INTERVAL: Final = 2.0
 #: Attempts of a one-shot sync when the connection drops mid-way (the first included).
 ONE_SHOT_ATTEMPTS: Final = 3
+#: A one-shot round that moves nothing for this long is abandoned and retried: BLIP pings keep
+#: a connection open even when the other side's replication is stuck. Ours.
+STALL_TIMEOUT: Final = 120.0
 
 Direction_ = Literal["pull", "push", "both"]
 Connector = Callable[[dict[str, Any]], AbstractAsyncContextManager[blip.Connection]]
@@ -272,6 +275,8 @@ class _Round:
         self.sink: Sink | None = None
         self.source: Source | None = None
         self._latest: int | None = None
+        self._replay_until = -1
+        self._activity = trio.current_time()
 
     @property
     def ledger(self) -> Ledger:
@@ -304,6 +309,8 @@ class _Round:
                 async with trio.open_nursery() as nursery:
                     done = trio.Event()
                     nursery.start_soon(self._saver, done)
+                    if not self.continuous:
+                        nursery.start_soon(self._watchdog, done)
                     async with trio.open_nursery() as directions:
                         if self.pull:
                             directions.start_soon(self._pull, pull_since)
@@ -338,6 +345,9 @@ class _Round:
         mine, theirs = local.contiguous_applied_token, copy.contiguous_applied_token
         if mine == theirs:
             return mine
+        if direction == Direction.PUSH and local.received_token is not None:
+            # Replaying below what we had pushed: the sink may have lost those; no suppression.
+            self._replay_until = local.received_token.position
         safe = min(mine, theirs) if mine is not None and theirs is not None and mine.same_domain(theirs) else None
         if safe != mine or local.pending_tokens or local.unapplied_tokens:
             self.ledger.rewind_checkpoint(self.key, direction, safe, reason="checkpoint_mismatch")
@@ -405,6 +415,9 @@ class _Round:
             push_key=key, may_read=decision.may_read, on_progress=lambda: self._progress("push"),
         )
         source.stats = self.totals.setdefault("push", SyncStats())
+        assert session.theirs is not None
+        source.suppress_origin = session.theirs.store_id
+        source.replay_until = self._replay_until
         session.sources[self.index] = source
         await source.run(since)
 
@@ -416,6 +429,7 @@ class _Round:
             return since
         if since.domain == store.events.stream(self.tenant):
             return since
+        self._replay_until = 1 << 62  # a new log: replay everything, suppress nothing
         self.ledger.transition(self.key, LinkState.REPAIRING, reason="epoch_changed", direction=Direction.PUSH)
         _, rev = self.ledger.get_checkpoint(self.key, Direction.PUSH)
         self.ledger.reset_checkpoint(self.key, Direction.PUSH, rev, reason="epoch_changed")
@@ -458,7 +472,15 @@ class _Round:
             return
         raise PeerError(409, "CheckpointRevConflict", "the copy changed twice while saving")
 
+    async def _watchdog(self, done: trio.Event) -> None:
+        while not done.is_set():
+            with trio.move_on_after(STALL_TIMEOUT / 4):
+                await done.wait()
+            if not done.is_set() and trio.current_time() - self._activity > STALL_TIMEOUT:
+                raise PeerError(503, "Stalled", f"nothing moved for {STALL_TIMEOUT:.0f} s")
+
     def _progress(self, direction: Literal["pull", "push"]) -> None:
+        self._activity = trio.current_time()
         if self.on_progress is None:
             return
         stats = self.totals.get(direction)

@@ -31,7 +31,7 @@ from p2psync.dwn.progress import ProgressToken
 from p2psync.dwn.replication_types import DependencyRef, ReplicationWireError, ref_from_json
 from p2psync.dwn.store import Store
 from p2psync.peer.committer import GroupCommitter, StoreUnavailable
-from p2psync.peer.copies import CheckpointCopies, CopyRevConflict
+from p2psync.peer.copies import CheckpointCopies, CopyRevConflict, Origins
 from p2psync.peer.hello import Hello, HelloProofInvalid, make_proof, verify_proof
 from p2psync.peer.sink import Sink
 from p2psync.peer.source import Source, message_entry
@@ -162,6 +162,7 @@ class PeerSession:
         self.sinks: dict[int, Sink] = {}
         self._offered: OrderedDict[str, tuple[str, str, str]] = OrderedDict()  # cid -> tenant, recordId, dataCid
         self.fetcher = LocalStoreFetcher(store)
+        self.origins = Origins(store)
         self._attachment_slots = trio.Semaphore(MAX_ATTACHMENTS_IN_FLIGHT)
         self.dependency_slots = trio.Semaphore(MAX_DEPENDENCIES_IN_FLIGHT)
 

@@ -64,10 +64,15 @@ class _Applier:
         self.batch: Any = None
 
     async def apply(self, tenant: str, entry: ReplicationEntry) -> ReplicationApplyResult:
-        dwn = self.session.dwn
-        result, self.batch = self.session.committer.run(
-            lambda: dwn.apply_replicated_message(tenant, entry.message, entry.data)
-        )
+        session = self.session
+
+        def apply_and_note_origin() -> ReplicationApplyResult:
+            result = session.dwn.apply_replicated_message(tenant, entry.message, entry.data)
+            if result.kind == "Applied" and session.theirs is not None:
+                session.origins.record(tenant, entry.cid, session.theirs.store_id)
+            return result
+
+        result, self.batch = session.committer.run(apply_and_note_origin)
         if entry.cid == self.root_cid:
             self.last = result
         return result

@@ -119,6 +119,11 @@ class Source:
         self._through_sent = -1
         #: re-checked on every pass of a feed: a revoked or expired grant ends it (§5)
         self.still_valid: Callable[[], bool] | None = None
+        #: push only: settle without proposing entries that came from this store (§11 echo
+        #: suppression), except at or below ``replay_until`` (a range replayed after a rewind
+        #: or reset, which the sink may have lost)
+        self.suppress_origin: str | None = None
+        self.replay_until = -1
 
     @property
     def pushing(self) -> bool:
@@ -149,12 +154,21 @@ class Source:
                 if store.tenant_id(self.tenant, create=False) is not None:
                     stream_id, epoch = store.events.stream(self.tenant)
                 rows = self._rows(after) if stream_id is not None else []
+                echoes: set[str] = set()
+                if self.suppress_origin is not None and rows:
+                    echoes = self.session.origins.from_store(
+                        self.tenant, [c for p, c in rows if p > self.replay_until], self.suppress_origin
+                    )
                 items: list[list[Any]] = []
                 wanted: list[tuple[ProgressToken, ReplicationEntry | None]] = []
                 for position, cid in rows:
                     assert stream_id is not None and epoch is not None
                     token = ProgressToken(stream_id, epoch, position, cid)
                     examined, after = token, position
+                    if cid in echoes and self.window is not None:
+                        self.window.add(token, settled=True)  # it came from the sink: it has it
+                        self.stats.echoes_suppressed += 1
+                        continue
                     entry = self.session.fetcher.entry_by_cid(self.tenant, cid)
                     if entry is not None and not self.scope.matches(entry.message):
                         if self.window is not None:

@@ -14,6 +14,7 @@ class SyncStats:
 
     items_offered: int = 0
     items_skipped: int = 0  # answered 304 or 413
+    echoes_suppressed: int = 0  # push: entries that came from the sink, settled unproposed
     revs_received: int = 0  # sink: `rev`s that arrived
     revs_sent: int = 0  # source: `rev`s sent
     revs_applied: int = 0  # results that made new state (Applied)

@@ -61,6 +61,9 @@ async def test_both_directions_at_once(tmp_path: Path) -> None:
         again = await active.sync(url, tenant=ALICE.did, direction="both")
     assert again.pull is not None and again.push is not None
     assert again.pull.revs_received == 0 and again.push.revs_sent == 0
+    # Echo suppression (§11): what b pulled from a is never proposed back to a.
+    assert summary.push.items_offered + again.push.items_offered == 15
+    assert summary.push.echoes_suppressed + again.push.echoes_suppressed == 20
 
 
 async def test_resume_after_disconnect_sends_nothing_twice(tmp_path: Path) -> None:
