@@ -1,5 +1,5 @@
 # Every target bootstraps what it needs: a local .venv, the pinned npm packages of interop/,
-# and (for the tests) Debian's tshark. Nothing has to be installed by hand first.
+# and (for the tests) Debian's tshark and a Java runtime. Nothing has to be installed by hand first.
 PY      := .venv/bin/python
 VENV    := .venv/.installed
 NODE    := interop/node_modules/.installed
@@ -17,12 +17,16 @@ $(NODE): interop/package.json interop/package-lock.json
 	cd interop && npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
-# tshark (for the BLIP dissector check); installed only when missing and when we are root.
+# System packages, installed only when missing and when we are root: tshark (the BLIP
+# dissector check) and a Java runtime (Spark, for the data pipeline).
 $(SYSDEPS): $(VENV)
-	@if ! command -v tshark >/dev/null 2>&1; then \
+	@missing=""; \
+	command -v tshark >/dev/null 2>&1 || missing="$$missing tshark"; \
+	command -v java >/dev/null 2>&1 || missing="$$missing default-jre-headless"; \
+	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tshark >/dev/null; \
-	  else echo "tshark missing and not root: the BLIP dissector test will fail"; fi; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  else echo "missing system packages:$$missing (not root: install them by hand)"; fi; \
 	fi
 	touch $@
 
@@ -32,7 +36,7 @@ demo: $(VENV)
 test: $(VENV) $(NODE) $(SYSDEPS)
 	$(PY) -m pytest -q
 
-bench: $(VENV) $(NODE)
+bench: $(VENV) $(NODE) $(SYSDEPS)
 	for f in tests/bench/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
 
 lint: $(VENV)
