@@ -434,6 +434,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--host", default="127.0.0.1")
     sp.add_argument("--port", type=int, default=0)
     sp.add_argument("--app-id", default="P2PSync_1")
+
+    from p2psync.pipeline.cli import register as register_pipeline
+
+    register_pipeline(sub)  # `export` and the `pipeline` group (docs/pipeline.md)
     return p
 
 
