@@ -6,7 +6,7 @@ way the reference's ``Message`` and ``AbstractMessage`` do.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from p2psync.dwn import jws, schemas
@@ -94,6 +94,19 @@ def validate_signature_structure(
 
     The signature itself is *not* verified here (that is :func:`authenticate`).
     """
+    return check_signature_structure(signature, lambda: compute_cid(descriptor), payload_schema)
+
+
+def check_signature_structure(
+    signature: dict[str, Any],
+    descriptor_cid: Callable[[], str],
+    payload_schema: str = "GenericSignaturePayload",
+) -> dict[str, Any]:
+    """:func:`validate_signature_structure` with the descriptor's CID computed by the caller.
+
+    ``descriptor_cid`` is called only after the payload passed its schema, where the
+    reference computes it, so a failure to encode the descriptor surfaces at the same step.
+    """
     if len(signature["signatures"]) != 1:
         raise DwnError(
             "AuthenticationMoreThanOneSignatureNotSupported",
@@ -101,7 +114,7 @@ def validate_signature_structure(
         )
     payload = jws.decode_payload(signature)
     schemas.validate(payload_schema, payload)
-    expected = compute_cid(descriptor)
+    expected = descriptor_cid()
     if payload.get("descriptorCid") != expected:
         raise DwnError(
             "AuthenticateDescriptorCidMismatch",

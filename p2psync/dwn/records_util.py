@@ -14,12 +14,15 @@ is), so "what would JS do with this" decides whether a message is accepted.
 from __future__ import annotations
 
 import math
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from p2psync.dwn import urls
 from p2psync.dwn.encoding import message_cid
 from p2psync.dwn.errors import DwnError
 from p2psync.dwn.jws import signer_did
+
+if TYPE_CHECKING:
+    from p2psync.dwn.permissions import PermissionGrant
 
 __all__ = [
     "UNDEFINED",
@@ -129,6 +132,14 @@ def can_perform_delete_against_record(
 # --------------------------------------------------------------------------- delegated grants
 
 
+def _permission_grant_class() -> type[PermissionGrant]:
+    # Imported late: permissions -> records_write -> this module at import time. Only
+    # messages that embed a delegated grant get here, so the common path skips the import.
+    from p2psync.dwn.permissions import PermissionGrant
+
+    return PermissionGrant
+
+
 def validate_delegated_grant_referential_integrity(
     message: dict[str, Any],
     signature_payload: dict[str, Any] | None,
@@ -140,9 +151,6 @@ def validate_delegated_grant_referential_integrity(
     embedded grant exist together or not at all; the grant is ``delegated: true``; it is granted
     to the DID that made that signature; and its CID is the ``delegatedGrantId`` signed.
     """
-    # Imported here: permissions -> records_write -> this module at import time.
-    from p2psync.dwn.permissions import PermissionGrant
-
     authorization = message.get("authorization")
     if not isinstance(authorization, dict):
         authorization = {}
@@ -160,7 +168,7 @@ def validate_delegated_grant_referential_integrity(
     if author_grant_defined:
         assert signature_payload is not None  # implied by the existence check above
         grant_message = authorization["authorDelegatedGrant"]
-        grant = PermissionGrant.parse(grant_message)
+        grant = _permission_grant_class().parse(grant_message)
         if grant.delegated is not True:
             raise DwnError(
                 "RecordsAuthorDelegatedGrantNotADelegatedGrant",
@@ -198,7 +206,7 @@ def validate_delegated_grant_referential_integrity(
     if owner_grant_defined:
         assert owner_signature_payload is not None
         grant_message = authorization["ownerDelegatedGrant"]
-        grant = PermissionGrant.parse(grant_message)
+        grant = _permission_grant_class().parse(grant_message)
         if grant.delegated is not True:
             raise DwnError(
                 "RecordsOwnerDelegatedGrantNotADelegatedGrant",

@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING, Any
 from p2psync.dwn import jws, records_util, urls
 from p2psync.dwn.datacid import data_cid as compute_data_cid
 from p2psync.dwn.did import Identity
-from p2psync.dwn.encoding import compute_cid, message_cid
+from p2psync.dwn.encoding import DescriptorEncoding, compute_cid, message_cid
 from p2psync.dwn.errors import DwnError
 from p2psync.dwn.message import (
     Message,
+    check_signature_structure,
     get_author,
     get_newest_message,
     get_signer,
-    validate_signature_structure,
 )
 from p2psync.dwn.timeutil import now_timestamp, validate_timestamp
 
@@ -132,6 +132,8 @@ class RecordsWrite:
         self.attesters = [jws.signer_did({"signatures": [s]}) for s in attestation["signatures"]] if attestation else []
         self._entry_id: str | None = None
         self._cid: str | None = None
+        # Set by parse(): the descriptor's encoding, reused for entry_id and cid.
+        self._descriptor_encoding: DescriptorEncoding | None = None
 
     # -- derived -------------------------------------------------------------------------
 
@@ -146,7 +148,11 @@ class RecordsWrite:
     @property
     def entry_id(self) -> str:
         if self._entry_id is None:
-            self._entry_id = get_entry_id(self.author, self.descriptor)
+            encoding = self._descriptor_encoding
+            if encoding is not None and self.author is not None and encoding.descriptor is self.descriptor:
+                self._entry_id = encoding.cid_with("author", self.author)
+            else:
+                self._entry_id = get_entry_id(self.author, self.descriptor)
         return self._entry_id
 
     @property
@@ -164,7 +170,8 @@ class RecordsWrite:
     @property
     def cid(self) -> str:
         if self._cid is None:
-            self._cid = message_cid(self.message)
+            encoding = self._descriptor_encoding
+            self._cid = message_cid(self.message) if encoding is None else encoding.message_cid(self.message)
         return self._cid
 
     # -- parsing -------------------------------------------------------------------------
@@ -173,13 +180,16 @@ class RecordsWrite:
     def parse(cls, message: Message) -> RecordsWrite:
         """Structure and integrity checks of the reference's ``RecordsWrite.parse`` (400s)."""
         authorization = message["authorization"]
-        payload = validate_signature_structure(
-            authorization["signature"], message["descriptor"], "RecordsWriteSignaturePayload"
+        # The descriptor is encoded once for its CID, the entry id and the message CID.
+        encoding = DescriptorEncoding(message["descriptor"])
+        payload = check_signature_structure(
+            authorization["signature"], lambda: encoding.cid, "RecordsWriteSignaturePayload"
         )
         if "ownerSignature" in authorization:
-            validate_signature_structure(authorization["ownerSignature"], message["descriptor"])
-        _validate_attestation_integrity(message)
+            check_signature_structure(authorization["ownerSignature"], lambda: encoding.cid)
+        _validate_attestation_integrity(message, encoding)
         write = cls(message, payload)
+        write._descriptor_encoding = encoding
         write._validate_integrity()
         return write
 
@@ -452,7 +462,7 @@ def _multi_sign(payload: dict[str, Any], signers: Sequence[Identity]) -> dict[st
     return jws_obj
 
 
-def _validate_attestation_integrity(message: Message) -> None:
+def _validate_attestation_integrity(message: Message, encoding: DescriptorEncoding | None = None) -> None:
     attestation = message.get("attestation")
     if attestation is None:
         return
@@ -462,7 +472,7 @@ def _validate_attestation_integrity(message: Message) -> None:
             f"Currently implementation only supports 1 attester, but got {len(attestation['signatures'])}",
         )
     payload = jws.decode_payload(attestation)
-    expected = compute_cid(message["descriptor"])
+    expected = encoding.cid if encoding is not None else compute_cid(message["descriptor"])
     if payload.get("descriptorCid") != expected:
         raise DwnError(
             "RecordsWriteAttestationIntegrityDescriptorCidMismatch",

@@ -110,9 +110,16 @@ _NARROWING_WEIGHT = {
 
 def _best_group(flt: dict[str, Any]) -> list[str]:
     """The leading properties of the index group that narrows ``flt`` most (may be empty)."""
-    usable = {p for p, v in flt.items() if p in _NARROWING_WEIGHT and _narrowable(v)}
+    usable = frozenset([p for p, v in flt.items() if p in _NARROWING_WEIGHT and _narrowable(v)])
     if not usable:
         return []
+    best = _best_groups.get(usable)
+    if best is None:
+        best = _best_groups[usable] = _best_group_of(usable)
+    return best
+
+
+def _best_group_of(usable: frozenset[str]) -> list[str]:
     best: list[str] = []
     best_weight = 0
     for group in _INDEX_GROUPS:
@@ -127,6 +134,10 @@ def _best_group(flt: dict[str, Any]) -> list[str]:
     return best
 
 
+# The choice depends only on which properties are usable: at most 2**8 sets.
+_best_groups: dict[frozenset[str], list[str]] = {}
+
+
 def _narrowable(value: Any) -> bool:
     return type(value) is str or (
         isinstance(value, list) and bool(value) and all(isinstance(v, str) for v in value)
@@ -135,6 +146,26 @@ def _narrowable(value: Any) -> bool:
 
 _COLUMN_LIST = ", ".join(column for _, column in _NARROWING_COLUMNS)
 _COLUMN_MARKS = ",".join("?" * len(_NARROWING_COLUMNS))
+_NARROWING_PROPS = tuple(prop for prop, _ in _NARROWING_COLUMNS)
+_INSERT_MESSAGE = (
+    f"INSERT OR IGNORE INTO messages(tenant, cid, body, indexes, {_COLUMN_LIST}) VALUES(?,?,?,?,{_COLUMN_MARKS})"
+)
+
+
+# Candidate queries by shape; bounded, since a filter's lists may have any length.
+_CANDIDATE_SQL_CACHE_MAX = 1024
+_candidate_sql: dict[tuple[tuple[str, int], ...], str] = {}
+
+
+def _candidate_sql_of(shape: tuple[tuple[str, int], ...]) -> str:
+    where = ["tenant=?"]
+    for prop, n in shape:
+        column = _COLUMNS[prop]
+        where.append(f"{column}=?" if n < 0 else f"{column} IN ({','.join('?' * n)})")
+    sql = f"SELECT cid, body, indexes FROM messages WHERE {' AND '.join(where)}"
+    if len(_candidate_sql) < _CANDIDATE_SQL_CACHE_MAX:
+        _candidate_sql[shape] = sql
+    return sql
 
 
 class Atomic(Protocol):
@@ -321,21 +352,22 @@ class MessageStore:
         indexes: dict[str, Any],
         cid: str | None = None,
         indexes_json: str | None = None,
+        body_json: str | None = None,
     ) -> None:
         """Store a message under its CID (a repeat put of the same CID is a no-op).
 
-        ``indexes_json`` may carry the already-serialized indexes (the event log needs them too).
+        ``indexes_json`` may carry the already-serialized indexes (the event log needs them too),
+        and ``body_json`` the message's ``json_compact`` form when the caller has it.
         """
         cid = cid or message_cid(message)
         self._s.conn.execute(
-            f"INSERT OR IGNORE INTO messages(tenant, cid, body, indexes, {_COLUMN_LIST})"
-            f" VALUES(?,?,?,?,{_COLUMN_MARKS})",
+            _INSERT_MESSAGE,
             (
                 self._s._tid(tenant),
                 cid,
-                json_compact(message),
+                body_json or json_compact(message),
                 indexes_json or json_compact(indexes),
-                *(_str_or_none(indexes.get(prop)) for prop, _ in _NARROWING_COLUMNS),
+                *[v if isinstance(v, str) else None for v in map(indexes.get, _NARROWING_PROPS)],
             ),
         )
 
@@ -387,19 +419,21 @@ class MessageStore:
         conn = self._s.conn
         found: dict[str, tuple[str, dict[str, Any]]] = {}
         for flt in filters or [{}]:
-            where: list[str] = ["tenant=?"]
             args: list[Any] = [tid]
+            shape: list[tuple[str, int]] = []  # (property, -1 for a string or the list's length)
             # SQLite has no statistics to choose between indexes; a wrong guess scans the tenant.
             for prop in _best_group(flt):
                 value = flt[prop]
-                column = _COLUMNS[prop]
                 if isinstance(value, str):
-                    where.append(f"{column}=?")
+                    shape.append((prop, -1))
                     args.append(value)
                 else:
-                    where.append(f"{column} IN ({','.join('?' * len(value))})")
+                    shape.append((prop, len(value)))
                     args.extend(value)
-            sql = f"SELECT cid, body, indexes FROM messages WHERE {' AND '.join(where)}"
+            key = tuple(shape)
+            sql = _candidate_sql.get(key)
+            if sql is None:
+                sql = _candidate_sql_of(key)
             for cid, body, idx in conn.execute(sql, args):
                 if cid not in found:
                     found[cid] = (body, json.loads(idx))
@@ -472,10 +506,6 @@ class MessageStore:
         return matched, next_cursor
 
 
-def _str_or_none(value: Any) -> str | None:
-    return value if isinstance(value, str) else None
-
-
 class DataStore:
     """Record data too large to travel inline, keyed by (tenant, recordId, dataCid)."""
 
@@ -546,6 +576,9 @@ def _may_match(text: str, needles: list[list[list[str]]]) -> bool:
     return False
 
 
+_NEXT_POSITION = "UPDATE tenants SET next_position = next_position + 1 WHERE id=? RETURNING next_position - 1"
+
+
 class EventLog:
     """Per-tenant append-only log of stored messages with increasing integer positions.
 
@@ -564,9 +597,10 @@ class EventLog:
             with conn:
                 return self.append(tenant, cid, indexes, indexes_json)
         tid = self._s._tid(tenant)
-        position = int(self._s.scalar(
-            "UPDATE tenants SET next_position = next_position + 1 WHERE id=? RETURNING next_position - 1", (tid,)
-        ))
+        row = conn.execute(_NEXT_POSITION, (tid,)).fetchone()
+        if row is None:
+            raise DwnError("StoreInternal", "no row from UPDATE", 500)
+        position = int(row[0])
         conn.execute(
             "INSERT INTO events(tenant, position, cid, indexes) VALUES(?,?,?,?)",
             (tid, position, cid, indexes_json or json_compact(indexes)),
