@@ -32,14 +32,14 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from p2psync.dwn.permissions import PERMISSIONS_PROTOCOL_URI
-from p2psync.pipeline.errors import PipelineError
-from p2psync.pipeline.formats import read_exports
+from p2psync.pipeline.formats import OutputLayout, read_exports
 from p2psync.pipeline.reconcile import load_messages
 from p2psync.pipeline.session import Stages, materialize
 
-__all__ = ["AUDIT_FORMAT", "DEPENDENCY_CLASSES", "audit", "audit_frames"]
+__all__ = ["AUDIT_FORMAT", "AUDIT_LAYOUT", "DEPENDENCY_CLASSES", "audit", "audit_frames"]
 
 AUDIT_FORMAT: Final = "p2psync-audit/1"
+AUDIT_LAYOUT: Final = OutputLayout("AuditExists", "an audit", "summary.json", ("violations",))
 
 #: Dependency class -> failure code (the RFC's suggested codes; ``role`` is ours: the RFC
 #: lists role records under authorization closure without a code of their own).
@@ -174,16 +174,7 @@ def audit(
 ) -> dict[str, Any]:
     """Audit every export; writes ``violations/`` (Parquet) and ``summary.json`` into ``out``."""
     infos = read_exports(list(exports))
-    out_dir = Path(out)
-    if out_dir.exists() and any(out_dir.iterdir()):
-        if not overwrite:
-            raise PipelineError("AuditExists", f"{out_dir} is not empty; choose another --out or pass --overwrite")
-        if not (out_dir / "summary.json").exists():
-            raise PipelineError("AuditExists", f"{out_dir} holds files that are not an audit; refusing to overwrite")
-        import shutil
-
-        shutil.rmtree(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = AUDIT_LAYOUT.prepare(out, overwrite)
     stages = Stages(spark, "audit", 3, progress)
     started = time.time()
     stages("reading exports and extracting dependency edges")

@@ -19,6 +19,7 @@ from p2psync.pipeline.errors import PipelineError
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from p2psync.pipeline.formats import OutputLayout
     from p2psync.pipeline.session import SparkSettings
 
 __all__ = ["EXIT_VIOLATIONS", "register"]
@@ -127,10 +128,19 @@ def _spark(args: argparse.Namespace) -> Iterator[SparkSession]:
             spark.stop()
 
 
+def _precheck(args: argparse.Namespace, layout: OutputLayout) -> None:
+    """The inputs and --out a job needs, checked before Spark takes its ten seconds to start."""
+    from p2psync.pipeline.formats import read_exports
+
+    read_exports(args.exports)
+    layout.prepare(args.out, args.overwrite, check_only=True)
+
+
 def cmd_reconcile(args: argparse.Namespace) -> int:
     """Digests, divergent groups and the repair plan of several exports."""
-    from p2psync.pipeline.reconcile import reconcile
+    from p2psync.pipeline.reconcile import PLAN_LAYOUT, reconcile
 
+    _precheck(args, PLAN_LAYOUT)
     with _spark(args) as spark:
         summary = reconcile(spark, args.exports, args.out, overwrite=args.overwrite, progress=args.progress)
     print(f"{summary['rows']} messages in {summary['groups']} groups over {len(summary['exports'])} replicas: "
@@ -145,8 +155,12 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
 
 def cmd_fanout(args: argparse.Namespace) -> int:
     """Delivery targets, relay assignment, manifests and strategy costs."""
-    from p2psync.pipeline.fanout import fanout
+    from p2psync.pipeline.fanout import FANOUT_LAYOUT, fanout, load_batch, load_endpoints
 
+    _precheck(args, FANOUT_LAYOUT)
+    load_endpoints(args.endpoints)
+    if args.messages is not None:
+        load_batch(args.messages)
     with _spark(args) as spark:
         report = fanout(spark, args.exports, args.endpoints, args.out, batch_file=args.messages,
                         overwrite=args.overwrite, progress=args.progress, plot=not args.no_plot)
@@ -160,8 +174,9 @@ def cmd_fanout(args: argparse.Namespace) -> int:
 
 def cmd_audit(args: argparse.Namespace) -> int:
     """Closure audit of every export; exit 3 when a hard dependency is missing."""
-    from p2psync.pipeline.audit import audit
+    from p2psync.pipeline.audit import AUDIT_LAYOUT, audit
 
+    _precheck(args, AUDIT_LAYOUT)
     with _spark(args) as spark:
         summary = audit(spark, args.exports, args.out, overwrite=args.overwrite, progress=args.progress)
     for replica, entry in summary["replicas"].items():

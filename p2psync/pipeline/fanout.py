@@ -38,13 +38,14 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from p2psync.pipeline.errors import PipelineError
-from p2psync.pipeline.formats import PROTOCOL_COLUMNS, ExportInfo, read_exports, spark_ddl
+from p2psync.pipeline.formats import PROTOCOL_COLUMNS, ExportInfo, OutputLayout, read_exports, spark_ddl
 from p2psync.pipeline.reconcile import load_messages
 from p2psync.pipeline.session import Stages, materialize
 
 __all__ = [
     "DIRECT_MAX_PROVIDERS",
     "FANOUT_FORMAT",
+    "FANOUT_LAYOUT",
     "RELAY_K_MAX",
     "RELAY_K_MIN",
     "STRATEGIES",
@@ -59,6 +60,9 @@ __all__ = [
 ]
 
 FANOUT_FORMAT: Final = "p2psync-fanout/1"
+FANOUT_LAYOUT: Final = OutputLayout(
+    "FanoutExists", "a fan-out", "report.json", ("targets", "assignment", "manifests", "costs", "origin_load.png")
+)
 
 #: k = ceil(log2(P)) "min 2, max 5" (RFC part 2, Core Mechanism step 4).
 RELAY_K_MIN: Final = 2
@@ -464,22 +468,7 @@ def fanout(
     infos = read_exports(list(exports))
     endpoints = load_endpoints(endpoints_file)
     batch = load_batch(batch_file) if batch_file is not None else None
-    out_dir = Path(out)
-    names = ("targets", "assignment", "manifests", "costs", "report.json", "origin_load.png")
-    if out_dir.exists() and any(out_dir.iterdir()):
-        if not overwrite:
-            raise PipelineError("FanoutExists", f"{out_dir} is not empty; choose another --out or pass --overwrite")
-        if not (out_dir / "report.json").exists():
-            raise PipelineError("FanoutExists", f"{out_dir} holds files that are not a fan-out; refusing to overwrite")
-        import shutil
-
-        for name in names:
-            target = out_dir / name
-            if target.is_dir():
-                shutil.rmtree(target)
-            elif target.exists():
-                target.unlink()
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = FANOUT_LAYOUT.prepare(out, overwrite)
     stages = Stages(spark, "fanout", 4, progress)
     started = time.time()
 

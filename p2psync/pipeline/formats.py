@@ -13,6 +13,7 @@ Parquet, so Spark, pyarrow, DuckDB or pandas read them alike.
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,6 +101,40 @@ class ExportInfo:
     @property
     def protocols_path(self) -> Path:
         return self.path / PROTOCOLS_DIR
+
+
+@dataclass(frozen=True)
+class OutputLayout:
+    """What a job writes into its ``--out`` directory: ``marker`` last, ``entries`` before it."""
+
+    code: str  # the error code when the directory cannot be used
+    what: str  # "a plan", "an audit", ...
+    marker: str
+    entries: tuple[str, ...]
+
+    def prepare(self, out: str | Path, overwrite: bool, *, check_only: bool = False) -> Path:
+        """Make ``out`` ready: refuse a non-empty directory unless ``overwrite`` and it holds an
+        earlier result of this job, whose entries (only) are then removed."""
+        out_dir = Path(out)
+        if out_dir.exists() and not out_dir.is_dir():
+            raise PipelineError(self.code, f"{out_dir} is a file; --out must be a directory")
+        if out_dir.exists() and any(out_dir.iterdir()):
+            if not overwrite:
+                raise PipelineError(self.code, f"{out_dir} is not empty; choose another --out or pass --overwrite")
+            names = (self.marker, *self.entries)
+            if not any((out_dir / n).exists() for n in names):
+                raise PipelineError(self.code, f"{out_dir} holds files that are not {self.what}; refusing to overwrite")
+            if check_only:
+                return out_dir
+            for name in names:
+                target = out_dir / name
+                if target.is_dir():
+                    shutil.rmtree(target)
+                elif target.exists():
+                    target.unlink()
+        if not check_only:
+            out_dir.mkdir(parents=True, exist_ok=True)
+        return out_dir
 
 
 def read_export_info(path: str | Path) -> ExportInfo:

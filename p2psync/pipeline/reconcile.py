@@ -4,10 +4,11 @@ The job works as a tree-walking reconciliation does, on exported logs:
 
 1. The *fleet* of a tenant is every replica whose export holds at least one of its messages.
 2. Per (tenant, protocol, root contextId) group and replica: a digest (message count and the
-   XOR of a 64-bit hash of every message CID). A group whose replicas' digests all agree and
-   which every replica of the fleet holds is in sync and is not looked at again.
-3. Within the divergent groups only: per message CID, the replicas holding it; every replica of
-   the fleet not among them lacks it.
+   XOR of a 64-bit hash of every message CID), and the same for 16 buckets of each group (by
+   a hash of the CID). A group (a bucket) whose replicas' digests all agree and which every
+   replica of the fleet holds is in sync and is not looked at again.
+3. Within the divergent buckets only: per message CID, the replicas holding it; every replica
+   of the fleet not among them lacks it.
 4. A lacking replica that already holds something that makes the message moot (a newer
    message of the same record or protocol, a delete of the record, a pruning delete of an
    ancestor) would refuse it or prune it on arrival: that message is *superseded* there and
@@ -33,11 +34,20 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from p2psync.pipeline.errors import PipelineError
-from p2psync.pipeline.formats import MESSAGE_COLUMNS, PLAN_FORMAT, ExportInfo, read_exports, spark_ddl
+from p2psync.pipeline.formats import (
+    MESSAGE_COLUMNS,
+    PLAN_FORMAT,
+    ExportInfo,
+    OutputLayout,
+    read_exports,
+    spark_ddl,
+)
 from p2psync.pipeline.session import Stages, materialize
 
 __all__ = [
     "BROADCAST_GROUP_LIMIT",
+    "BROADCAST_KEYS_LIMIT",
+    "PLAN_LAYOUT",
     "PlanFrames",
     "RepairItem",
     "digest_frames",
@@ -50,9 +60,17 @@ __all__ = [
     "reconcile",
 ]
 
-#: Divergent groups up to this many are shipped to every task (a broadcast semi-join) instead
+#: Divergent buckets up to this many are shipped to every task (a broadcast semi-join) instead
 #: of shuffling the message rows against them; 200,000 keys of ~150 bytes is ~30 MB.
 BROADCAST_GROUP_LIMIT: Final = 200_000
+#: Likewise for lacking messages (keys of ~120 bytes).
+BROADCAST_KEYS_LIMIT: Final = 200_000
+#: Each group's messages are split into this many buckets by a hash of their CID, with a digest
+#: each: a second level of the walk. Only the rows of divergent buckets are kept for the
+#: per-message step, ~1/16 of a divergent group when few of its messages differ (on the
+#: 10 x 1,000,000 benchmark that step went from ~60 s to ~40 s on a busy 2-core machine);
+#: the digest table grows 16-fold and stays small.
+DIGEST_BUCKETS: Final = 16
 
 # The columns of the export the job reads (the rest of the export is not needed here).
 _COLUMNS: Final = (
@@ -62,6 +80,7 @@ _COLUMNS: Final = (
 _GROUP: Final = ["tenant", "g_protocol", "g_context"]
 
 PLAN_DIRS: Final = ("digests", "divergent", "missing", "superseded")
+PLAN_LAYOUT: Final = OutputLayout("PlanExists", "a plan", "summary.json", PLAN_DIRS)
 
 
 def load_messages(spark: SparkSession, exports: Sequence[ExportInfo]) -> DataFrame:
@@ -86,10 +105,11 @@ class PlanFrames:
     shapes.
     """
 
-    rows: DataFrame  # the export rows the job reads, with the group keys
+    rows: DataFrame  # the export rows the job reads, with the group and bucket keys
     fleet: DataFrame  # tenant, fleet (sorted replica ids)
     digests: DataFrame  # tenant, g_protocol, g_context, replica_id, message_count, digest
     divergent: DataFrame  # tenant, g_protocol, g_context, replicas, distinct_digests, fleet, lacking_replicas
+    divergent_buckets: DataFrame  # tenant, g_protocol, g_context, g_bucket of the buckets that differ
 
 
 def digest_frames(rows: DataFrame, *, materialized: bool = False) -> PlanFrames:
@@ -101,17 +121,24 @@ def digest_frames(rows: DataFrame, *, materialized: bool = False) -> PlanFrames:
     rows = rows.select(*_COLUMNS).withColumns({
         "g_protocol": F.coalesce(F.col("protocol"), F.lit("")),
         "g_context": F.coalesce(F.substring_index(F.col("context_id"), "/", 1), F.lit("")),
+        "g_bucket": F.pmod(F.hash("message_cid"), F.lit(DIGEST_BUCKETS)),
     })
-    fleet = (
-        rows.select("tenant", "replica_id").distinct()
-        .groupBy("tenant").agg(F.array_sort(F.collect_set("replica_id")).alias("fleet"))
-    )
-    digests = rows.groupBy(*_GROUP, "replica_id").agg(
+    buckets = rows.groupBy(*_GROUP, "g_bucket", "replica_id").agg(
         F.count(F.lit(1)).alias("message_count"),
         F.bit_xor(F.xxhash64("message_cid")).alias("digest"),
     )
     if materialized:
-        fleet, digests = materialize(fleet), materialize(digests)
+        buckets = materialize(buckets)
+    digests = buckets.groupBy(*_GROUP, "replica_id").agg(
+        F.sum("message_count").alias("message_count"),
+        F.bit_xor("digest").alias("digest"),
+    )
+    if materialized:
+        digests = materialize(digests)
+    # From the digests, not the rows: one scan of the exports fewer.
+    fleet = digests.groupBy("tenant").agg(F.array_sort(F.collect_set("replica_id")).alias("fleet"))
+    if materialized:
+        fleet = materialize(fleet)
     groups = (
         digests.groupBy(*_GROUP)
         .agg(
@@ -124,9 +151,21 @@ def digest_frames(rows: DataFrame, *, materialized: bool = False) -> PlanFrames:
     divergent = groups.where(
         (F.col("distinct_digests") > 1) | (F.size("replicas") < F.size("fleet"))
     ).withColumn("lacking_replicas", F.array_except(F.col("fleet"), held_by))
+    divergent_buckets = (
+        buckets.groupBy(*_GROUP, "g_bucket")
+        .agg(F.count(F.lit(1)).alias("holding"), F.count_distinct("digest").alias("distinct_digests"))
+        .join(F.broadcast(fleet), "tenant")
+        .where((F.col("distinct_digests") > 1) | (F.col("holding") < F.size("fleet")))
+        .select(*_GROUP, "g_bucket")
+    )
     if materialized:
-        divergent = materialize(divergent)
-    return PlanFrames(rows, fleet, digests, divergent)
+        divergent, divergent_buckets = materialize(divergent), materialize(divergent_buckets)
+    return PlanFrames(rows, fleet, digests, divergent, divergent_buckets)
+
+
+def _small(frame: DataFrame, rows: int) -> DataFrame:
+    """``frame`` with a broadcast hint when it has at most :data:`BROADCAST_KEYS_LIMIT` rows."""
+    return F.broadcast(frame) if rows <= BROADCAST_KEYS_LIMIT else frame
 
 
 def missing_frame(
@@ -135,30 +174,41 @@ def missing_frame(
     """Every (target replica, message) the target lacks, with its source and superseded reason.
 
     ``broadcast_groups``: ship the divergent group keys to every task (None: let Spark's
-    adaptive execution choose). ``materialized``: compute the rows of the divergent groups and
-    the lacking messages as intermediate steps (see :func:`digest_frames`).
+    adaptive execution choose). ``materialized``: compute the intermediate steps as they come
+    (see :func:`digest_frames`); the lacking messages are then counted, and when they are few
+    the later joins ship them to every task instead of shuffling the divergent rows.
     """
-    keys = frames.divergent.select(*_GROUP)
+    keys = frames.divergent_buckets
     if broadcast_groups:
         keys = F.broadcast(keys)
-    in_divergent = frames.rows.join(keys, _GROUP, "left_semi")
+    in_divergent = frames.rows.join(keys, [*_GROUP, "g_bucket"], "left_semi")
     if materialized:
         in_divergent = materialize(in_divergent)
 
-    per_message = in_divergent.groupBy("tenant", "message_cid").agg(
+    # Holders first, on the narrow columns; the rest of a message's row only for lacking ones.
+    holders = in_divergent.groupBy("tenant", "message_cid").agg(
         F.collect_list(F.struct("replica_id", "position")).alias("holders"),
-        *(F.first(c).alias(c) for c in (
-            "interface", "method", "record_id", "is_initial_write", "protocol", "protocol_path", "context_id",
-            "message_timestamp", "data_size", "g_protocol", "g_context",
-        )),
     )
     holder_ids = F.array_sort(F.transform(F.col("holders"), lambda h: h["replica_id"]))
-    lacking = (
-        per_message.join(F.broadcast(frames.fleet), "tenant")
-        .select("*", holder_ids.alias("holder_ids"))
+    lacking_ids = (
+        holders.join(F.broadcast(frames.fleet), "tenant")
+        .select("tenant", "message_cid", "holders", holder_ids.alias("holder_ids"), "fleet")
         .select("*", F.array_except(F.col("fleet"), F.col("holder_ids")).alias("lacking"))
         .where(F.size("lacking") > 0)
-        .select("*", F.explode("lacking").alias("target_replica"))
+        .drop("fleet")
+    )
+    count = BROADCAST_KEYS_LIMIT + 1
+    if materialized:
+        lacking_ids = materialize(lacking_ids)
+        count = lacking_ids.count()
+    described = (
+        in_divergent.join(_small(lacking_ids.select("tenant", "message_cid"), count), ["tenant", "message_cid"],
+                          "left_semi")
+        .dropDuplicates(["tenant", "message_cid"])
+        .drop("replica_id", "position")
+    )
+    lacking = lacking_ids.join(described, ["tenant", "message_cid"]).select(
+        "*", F.explode("lacking").alias("target_replica")
     )
     # Rendezvous choice of a source: the holder with the highest hash of (target, CID, holder).
     source = F.array_max(F.transform(
@@ -172,7 +222,7 @@ def missing_frame(
     lacking = lacking.select("*", source.alias("source"), _lineage().alias("lineage"))
     if materialized:
         lacking = materialize(lacking)
-    return _classify(lacking, in_divergent)
+    return _classify(lacking, in_divergent, count)
 
 
 def digests_out(digests: DataFrame) -> DataFrame:
@@ -204,11 +254,22 @@ def _lineage() -> Column:
     )
 
 
-def _classify(lacking: DataFrame, rows: DataFrame) -> DataFrame:
-    """Mark the lacking messages the target would refuse or prune (``superseded_reason``)."""
+def _classify(lacking: DataFrame, rows: DataFrame, count: int) -> DataFrame:
+    """Mark the lacking messages the target would refuse or prune (``superseded_reason``).
+
+    ``rows``: the rows of the divergent buckets; ``count``: about how many lacking messages.
+    What makes a message moot on the target is there: a holder of the message cannot also
+    hold the newer message, delete or pruning delete (the engine would have dropped it), so
+    that one is lacking somewhere and its bucket diverges too. Were it not (stores the engine
+    did not write), the message would stay in the plan, and the target would refuse it:
+    harmless.
+    """
+    lineages = _small(lacking.select(F.col("target_replica").alias("replica_id"), "tenant", "lineage").distinct(),
+                      count)
     newest = (
-        rows.where(_lineage().isNotNull())
-        .groupBy(F.col("replica_id").alias("target_replica"), "tenant", _lineage().alias("lineage"))
+        rows.select("*", _lineage().alias("lineage")).where(F.col("lineage").isNotNull())
+        .join(lineages, ["replica_id", "tenant", "lineage"], "left_semi")
+        .groupBy(F.col("replica_id").alias("target_replica"), "tenant", "lineage")
         .agg(
             F.max(F.struct("message_timestamp", "message_cid")).alias("target_newest"),
             F.max(F.when(F.col("method") == "Delete", True)).alias("target_deleted"),
@@ -262,8 +323,7 @@ def reconcile(
 ) -> dict[str, Any]:
     """Run the job over ``exports`` and write the plan into ``out``; returns the summary."""
     infos = read_exports(list(exports))
-    out_dir = Path(out)
-    _prepare_out(out_dir, overwrite)
+    out_dir = PLAN_LAYOUT.prepare(out, overwrite)
     stages = Stages(spark, "reconcile", 5, progress)
     started = time.time()
 
@@ -277,7 +337,7 @@ def reconcile(
 
     stages("listing lacking messages and choosing sources")
     missing = materialize(missing_frame(
-        frames, broadcast_groups=divergent_count <= BROADCAST_GROUP_LIMIT, materialized=True
+        frames, broadcast_groups=frames.divergent_buckets.count() <= BROADCAST_GROUP_LIMIT, materialized=True
     ))
     needed = missing.where(F.col("superseded_reason").isNull()).drop("superseded_reason")
     (
@@ -293,23 +353,6 @@ def reconcile(
     summary = _summary(infos, frames, divergent_count, missing, started)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
-
-
-def _prepare_out(out_dir: Path, overwrite: bool) -> None:
-    if out_dir.exists() and any(out_dir.iterdir()):
-        if not overwrite:
-            raise PipelineError("PlanExists", f"{out_dir} is not empty; choose another --out or pass --overwrite")
-        if not (out_dir / "summary.json").exists() and not any((out_dir / d).exists() for d in PLAN_DIRS):
-            raise PipelineError("PlanExists", f"{out_dir} holds files that are not a plan; refusing to overwrite")
-        import shutil
-
-        for name in (*PLAN_DIRS, "summary.json"):
-            target = out_dir / name
-            if target.is_dir():
-                shutil.rmtree(target)
-            elif target.exists():
-                target.unlink()
-    out_dir.mkdir(parents=True, exist_ok=True)
 
 
 def _summary(

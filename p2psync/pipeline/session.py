@@ -34,7 +34,8 @@ JAVA_INSTALL_HINT: Final = (
 )
 
 # log4j2 configuration for the driver JVM: warnings and errors only, and not even those from
-# loggers that warn on every start for reasons that do not concern a user (no native Hadoop).
+# loggers that warn for reasons that do not concern a user (no native Hadoop library, a plan
+# too long to print in full).
 _LOG4J2: Final = """\
 rootLogger.level = {level}
 rootLogger.appenderRef.stderr.ref = console
@@ -47,6 +48,8 @@ logger.nativecode.name = org.apache.hadoop.util.NativeCodeLoader
 logger.nativecode.level = error
 logger.shutdown.name = org.apache.spark.util.ShutdownHookManager
 logger.shutdown.level = off
+logger.plantext.name = org.apache.spark.util.SparkStringUtils
+logger.plantext.level = error
 """
 
 
@@ -164,7 +167,10 @@ def materialize(frame: DataFrame) -> DataFrame:
     here chain enough joins that, on small inputs, planning costs more than running. Cutting
     the lineage after each step keeps every plan small.
     """
-    return frame.localCheckpoint(eager=True)
+    from pyspark import StorageLevel
+
+    # PySpark's MEMORY_AND_DISK keeps the rows serialized: compact, for the large steps too.
+    return frame.localCheckpoint(eager=True, storageLevel=StorageLevel.MEMORY_AND_DISK)
 
 
 class Stages:

@@ -3,7 +3,7 @@
     .venv/bin/python tests/bench/bench_pipeline.py [--replicas 10] [--messages 1000000]
 
 The rows are made by Spark itself (not by the engine): 1,000,000 messages of 20 tenants in
-5 protocols and 10,000 contexts, CIDs shaped like real ones (59 characters). Replica r lacks
+5 protocols and 10,000 contexts of 100 messages, CIDs shaped like real ones (59 characters). Replica r lacks
 each message with probability 1/10,000 (a hash of message and replica), so about 100 a
 replica. The export directories are written once under --data and reused; only the
 reconcile is timed. Prints wall time, rows/s and the plan's figures, checked against what
@@ -37,11 +37,11 @@ def _generate(spark: SparkSession, data: Path, replicas: int, messages: int) -> 
     shutil.rmtree(data, ignore_errors=True)
     data.mkdir(parents=True)
     i = F.col("id")
+    context = F.floor(i / MESSAGES_PER_CONTEXT)  # a context's messages share its tenant and protocol
     cid = F.concat(F.lit("bafyrei"), F.substring(F.sha2(F.concat(F.lit("m"), i.cast("string")), 256), 1, 52))
-    ctx = F.concat(F.lit("bafyrei"), F.substring(
-        F.sha2(F.concat(F.lit("c"), F.floor(i / MESSAGES_PER_CONTEXT).cast("string")), 256), 1, 52))
+    ctx = F.concat(F.lit("bafyrei"), F.substring(F.sha2(F.concat(F.lit("c"), context.cast("string")), 256), 1, 52))
     columns = {
-        "tenant": F.concat(F.lit("did:key:z6MkBenchTenant"), F.lpad((i % TENANTS).cast("string"), 4, "0")),
+        "tenant": F.concat(F.lit("did:key:z6MkBenchTenant"), F.lpad((context % TENANTS).cast("string"), 4, "0")),
         "stream_id": F.lit("00000000-0000-4000-8000-000000000000"),
         "epoch": F.lit("00000000-0000-4000-8000-000000000001"),
         "position": i + 1,
@@ -50,7 +50,7 @@ def _generate(spark: SparkSession, data: Path, replicas: int, messages: int) -> 
         "method": F.lit("Write"),
         "record_id": cid,
         "is_initial_write": F.lit(True),
-        "protocol": F.concat(F.lit("https://bench.example/protocol-"), (i % PROTOCOLS).cast("string")),
+        "protocol": F.concat(F.lit("https://bench.example/protocol-"), (context % PROTOCOLS).cast("string")),
         "protocol_path": F.lit("thread/chat"),
         "context_id": F.concat(ctx, F.lit("/"), cid),
         "parent_id": ctx,
@@ -60,7 +60,7 @@ def _generate(spark: SparkSession, data: Path, replicas: int, messages: int) -> 
         "data_size": (i % 4096).cast("bigint"),
         "is_latest_base_state": F.lit(True),
     }
-    base_path = data / "_base"
+    base_path = data / "base-rows"
     spark.range(messages).select(i, *(v.alias(k) for k, v in columns.items())).write.parquet(str(base_path))
     base = spark.read.parquet(str(base_path))
     types = dict(part.split(" ") for part in spark_ddl(MESSAGE_COLUMNS).split(", "))
@@ -111,7 +111,7 @@ def main() -> int:
         info = _generate(spark, data, args.replicas, args.messages)
         print(f"  generated in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     exports = [data / f"replica-{r:02d}" for r in range(args.replicas)]
-    plan = data / "_plan"
+    plan = data / "plan"
     shutil.rmtree(plan, ignore_errors=True)
 
     started = time.perf_counter()

@@ -85,11 +85,19 @@ def test_audit_counts_by_class(result: dict[str, Any]) -> None:
     assert clean["recordsMessages"] == 8  # thread participant chat reaction note note-delete grant granted-note
 
 
-def test_audit_refuses_to_overwrite_something_else(tmp_path: Path, spark: SparkSession) -> None:
+def test_output_directory_is_only_replaced_when_it_holds_an_earlier_result(tmp_path: Path) -> None:
+    from p2psync.pipeline.audit import AUDIT_LAYOUT
     from p2psync.pipeline.errors import PipelineError
 
-    (tmp_path / "out").mkdir()
-    (tmp_path / "out" / "precious.txt").write_text("keep me")
-    with pytest.raises(PipelineError) as err:
-        audit(spark, [tmp_path / "nothing"], tmp_path / "out", overwrite=True)
-    assert err.value.code == "ExportNotFound"
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "precious.txt").write_text("keep me")
+    for overwrite in (False, True):
+        with pytest.raises(PipelineError) as err:
+            AUDIT_LAYOUT.prepare(out, overwrite)
+        assert err.value.code == "AuditExists"
+    (out / "violations").mkdir()
+    (out / "violations" / "part-0.parquet").write_bytes(b"old")
+    (out / "summary.json").write_text("{}")
+    AUDIT_LAYOUT.prepare(out, True)
+    assert sorted(p.name for p in out.iterdir()) == ["precious.txt"]  # only the audit's own entries went

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,8 @@ def run(*argv: str) -> int:
 
 
 def test_export_reconcile_audit_fanout(tmp_path: Path, spark: SparkSession, capsys: pytest.CaptureFixture[str]) -> None:
+    # Spark in local mode listens on loopback only
+    assert os.environ["SPARK_LOCAL_IP"] == "127.0.0.1" == spark.conf.get("spark.driver.host")
     story, world = reconcile_story()
     build_replica(tmp_path / "a.db", story, BASE).close()
     build_replica(tmp_path / "b.db", story, [n for n in BASE if n != "reaction"]).close()
@@ -76,5 +79,12 @@ def test_failures_are_one_line_errors(tmp_path: Path) -> None:
         run("export", "--store", str(tmp_path / "a.db"), "--out", str(tmp_path / "busy"), "--overwrite")
     with pytest.raises(CliError, match="ExportNotFound"):
         run("pipeline", "reconcile", str(tmp_path / "busy"), "--out", str(tmp_path / "plan"))
+    # inputs and --out are checked before Spark starts
+    assert run("export", "--store", str(tmp_path / "a.db"), "--out", str(tmp_path / "e"), "--quiet") == 0
+    with pytest.raises(CliError, match="PlanExists"):
+        run("pipeline", "reconcile", str(tmp_path / "e"), "--out", str(tmp_path / "busy"))
+    with pytest.raises(CliError, match="EndpointMapNotFound"):
+        run("pipeline", "fanout", str(tmp_path / "e"), "--endpoints", str(tmp_path / "no.json"),
+            "--out", str(tmp_path / "f"))
     with pytest.raises(CliError, match="SparkConfInvalid"):
-        run("pipeline", "audit", str(tmp_path / "busy"), "--out", str(tmp_path / "o"), "--conf", "novalue")
+        run("pipeline", "audit", str(tmp_path / "e"), "--out", str(tmp_path / "o"), "--conf", "novalue")
