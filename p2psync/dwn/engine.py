@@ -79,11 +79,17 @@ class Dwn:
             return reply_from_error(e, 400)
         return None
 
-    def apply_replicated_message(self, tenant: str, message: Any, data: bytes | None = None) -> ReplicationApplyResult:
-        """Apply a message that came from another replica; see :mod:`p2psync.dwn.replicated`."""
+    def apply_replicated_message(
+        self, tenant: str, message: Any, data: bytes | None = None, *, cid: str | None = None
+    ) -> ReplicationApplyResult:
+        """Apply a message that came from another replica; see :mod:`p2psync.dwn.replicated`.
+
+        ``cid``: the message's CID when the caller has already computed it from this very
+        object (never a CID taken from the wire).
+        """
         from p2psync.dwn.replicated import apply_replicated_message
 
-        return apply_replicated_message(self, tenant, message, data)
+        return apply_replicated_message(self, tenant, message, data, cid=cid)
 
     def process_message(self, tenant: str, message: Any, data: bytes | None = None) -> Reply:
         """Process one message (with its data for a RecordsWrite) and answer like the reference."""

@@ -121,14 +121,20 @@ _ANCESTOR_IN_DETAIL = re.compile(r"ID (\S+)")
 # --------------------------------------------------------------------------- entry point
 
 
-def apply_replicated_message(dwn: Dwn, tenant: str, message: Any, data: bytes | None = None) -> ReplicationApplyResult:
-    """Apply one replicated message (with its record data, if any) to ``tenant``'s DWN."""
+def apply_replicated_message(
+    dwn: Dwn, tenant: str, message: Any, data: bytes | None = None, *, cid: str | None = None
+) -> ReplicationApplyResult:
+    """Apply one replicated message (with its record data, if any) to ``tenant``'s DWN.
+
+    ``cid``: the CID the caller computed from ``message`` itself (it saves recomputing it).
+    """
     if not isinstance(tenant, str) or not tenant:
         return Invalid("tenant must be a DID string")
     if not _tenant_active(dwn, tenant):
         return Deferred("tenant-inactive")
     try:
-        cid = message_cid(message)
+        if cid is None or cid.startswith("uncomputable:"):
+            cid = message_cid(message)
     except (DwnError, TypeError, ValueError, OverflowError, AttributeError) as exc:
         integrity = dwn.validate_message_integrity(message)
         return Invalid(integrity.detail if integrity is not None else f"MessageCidUncomputable: {exc}")

@@ -33,6 +33,7 @@ from p2psync.dwn.store import Store
 from p2psync.peer.committer import GroupCommitter, StoreUnavailable
 from p2psync.peer.copies import CheckpointCopies, CopyRevConflict, Origins
 from p2psync.peer.hello import Hello, HelloProofInvalid, make_proof, verify_proof
+from p2psync.peer.observer import NO_OBSERVER, SyncObserver
 from p2psync.peer.sink import Sink
 from p2psync.peer.source import Source, message_entry
 from p2psync.peer.wire import (
@@ -165,6 +166,8 @@ class PeerSession:
         self.origins = Origins(store)
         self._attachment_slots = trio.Semaphore(MAX_ATTACHMENTS_IN_FLIGHT)
         self.dependency_slots = trio.Semaphore(MAX_DEPENDENCIES_IN_FLIGHT)
+        self.metrics: SyncObserver = NO_OBSERVER  # the Peer's (set by Peer._new_session)
+        self._handlers: dict[str, Callable[[blip.Request], Awaitable[blip.Reply | None]]] | None = None
 
     # -- hello (§3) ------------------------------------------------------------------------
 
@@ -441,6 +444,12 @@ class PeerSession:
                 await self.close(403, "SyncNotAuthorized", exc.detail)
         except blip.ConnectionClosed as exc:
             log.info("feed %d ended: %s", source.index, exc)
+        except BaseExceptionGroup as group:
+            # `rev`s in flight when the other peer went away fail together: still just closed.
+            _, rest = group.split(blip.ConnectionClosed)
+            if rest is not None:
+                raise
+            log.info("feed %d ended: the connection closed", source.index)
         finally:
             self.sources.pop(source.index, None)
 
@@ -471,7 +480,12 @@ class PeerSession:
         return blip.Reply(body=encode_body(statuses), urgent=True)
 
     async def on_rev(self, request: blip.Request) -> blip.Reply:
-        result = await self._sink(request).on_rev(request.properties, request.body)
+        started, kind = self.metrics.rev_started(), "Error"
+        try:
+            result = await self._sink(request).on_rev(request.properties, request.body)
+            kind = str(result.get("kind"))
+        finally:
+            self.metrics.rev_finished(started, kind)
         return blip.Reply(body=encode_body(result))
 
     async def on_norev(self, request: blip.Request) -> None:
@@ -479,9 +493,12 @@ class PeerSession:
 
     # -- sources: dependencies and data (§9, §10) -------------------------------------------
 
-    def offer(self, tenant: str, entry: Any) -> None:
-        """Remember a message whose data travels out of line (§9's offered set)."""
-        if entry.data is None or len(entry.data) <= INLINE_DATA_MAX:
+    def offer(self, tenant: str, entry: Any, size: int | None = None) -> None:
+        """Remember a message whose data travels out of line (§9's offered set); ``size``:
+        that of data the entry does not carry."""
+        if entry.data is not None:
+            size = len(entry.data)
+        if size is None or size <= INLINE_DATA_MAX:
             return
         d = entry.message["descriptor"]
         self._offered[entry.cid] = (tenant, str(entry.message.get("recordId")), str(d.get("dataCid")))
@@ -575,7 +592,13 @@ class PeerSession:
             return bytes(buf)
 
     def handlers(self) -> dict[str, Callable[[blip.Request], Awaitable[blip.Reply | None]]]:
-        """Handlers by profile, all but ``hello`` behind :meth:`gate`."""
+        """Handlers by profile, all but ``hello`` behind :meth:`gate` (built once per session:
+        every `rev` looks its handler up here)."""
+        if self._handlers is None:
+            self._handlers = self._make_handlers()
+        return self._handlers
+
+    def _make_handlers(self) -> dict[str, Callable[[blip.Request], Awaitable[blip.Reply | None]]]:
         table: dict[str, Callable[[blip.Request], Awaitable[Any]]] = {
             "getCollections": self.on_get_collections,
             "getCheckpoint": self.on_get_checkpoint,

@@ -39,7 +39,7 @@ from p2psync.peer.wire import (
     refuse,
 )
 from p2psync.replication.checkpoint import CheckpointPendingOverflow
-from p2psync.replication.closure import ClosureAdmitter, ReplicationEntry
+from p2psync.replication.closure import ClosureAdmitter, ClosureOutcome, ReplicationEntry, Withheld
 from p2psync.replication.ledger import Direction, LinkKey
 
 if TYPE_CHECKING:
@@ -51,6 +51,12 @@ log = logging.getLogger("p2psync.peer")
 
 #: Results that settle a token (§11's table).
 SETTLING_KINDS: Final = frozenset({"Applied", "Duplicate", "Superseded", "Invalid"})
+
+#: Out-of-line data a sink fetches ahead of its turn, while earlier `rev`s apply. Without it,
+#: each large record's transfer waited for the previous one's apply (one 128 KB BLIP window
+#: at a time); with it, transfers overlap applies. Bounded so memory stays well under the
+#: 300 MB the issue allows per side. Ours.
+PREFETCH_BYTES: Final = 32 * 1024 * 1024
 
 
 class _Applier:
@@ -67,7 +73,7 @@ class _Applier:
         session = self.session
 
         def apply_and_note_origin() -> ReplicationApplyResult:
-            result = session.dwn.apply_replicated_message(tenant, entry.message, entry.data)
+            result = session.dwn.apply_replicated_message(tenant, entry.message, entry.data, cid=entry.cid)
             if result.kind == "Applied" and session.theirs is not None:
                 session.origins.record(tenant, entry.cid, session.theirs.store_id)
             return result
@@ -84,12 +90,13 @@ class _RemoteFetcher:
     def __init__(self, sink: Sink) -> None:
         self.sink = sink
 
-    async def fetch(self, tenant: str, refs: Sequence[DependencyRef]) -> list[list[ReplicationEntry]]:
-        out: list[list[ReplicationEntry]] = []
+    async def fetch(self, tenant: str, refs: Sequence[DependencyRef]) -> list[Sequence[ReplicationEntry]]:
+        out: list[Sequence[ReplicationEntry]] = []
         refs = list(refs)
         sink = self.sink
         for start in range(0, len(refs), MAX_REFS):
             chunk = refs[start : start + MAX_REFS]
+            sink.session.metrics.dependencies_missing(chunk)
             body = encode_body({"refs": [r.to_json() for r in chunk]})
             async with sink.session.dependency_slots:
                 reply = await sink.session.call("getDependencies", {"collection": str(sink.index)}, body, urgent=True)
@@ -102,7 +109,8 @@ class _RemoteFetcher:
                 raw = answer.get("entries", []) if isinstance(answer, dict) else []
                 for item in raw[:MAX_ENTRIES_PER_REF] if isinstance(raw, list) else []:
                     entries.append(await sink.entry_of(item))
-                out.append(entries)
+                withheld = isinstance(answer, dict) and answer.get("withheld") is True
+                out.append(Withheld(entries) if withheld else entries)
                 sink.stats.dependencies_fetched += len(entries)
         return out
 
@@ -137,6 +145,7 @@ class Sink:
         self.failed: PeerError | None = None
         self._changed = trio.Event()
         self._on_progress = on_progress
+        self._prefetch_room = PREFETCH_BYTES
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -310,18 +319,56 @@ class Sink:
             refuse(409, "RevUnsolicited", f"no wanted item at {position}")
         return item
 
+    async def _prefetch(self, obj: Any) -> tuple[int, ReplicationEntry | PeerError | None]:
+        """Fetch a `rev`'s out-of-line data before its turn when the prefetch budget has room
+        right now; returns the bytes reserved (give them back) and the entry or its error.
+
+        Never waits for room: were the next-in-line `rev` to wait behind later ones holding the
+        budget, nothing would move. A `rev` that finds no room fetches at its turn instead.
+        """
+        size = obj.get("dataSize") if isinstance(obj, dict) else None
+        if (
+            type(size) is not int
+            or obj.get("data") is not None
+            or not INLINE_DATA_MAX < size <= min(self.max_data, self._prefetch_room)
+        ):
+            return 0, None
+        self._prefetch_room -= size
+        try:
+            return size, await self.entry_of(obj)
+        except PeerError as exc:
+            return size, exc
+        except BaseException:
+            self._prefetch_room += size
+            raise
+
     async def on_rev(self, properties: dict[str, str], body: bytes) -> dict[str, Any]:
         """Apply one `rev` (§8.2); returns the ReplicationApplyResult once it is durable."""
         item = self._wanted(properties)
         cid = item.token.message_cid
-        await self._turn(item)
+        obj: Any = None
+        early: ReplicationEntry | PeerError | None = None
+        reserved = 0
+        try:
+            obj = decode_body(body)
+        except PeerError as exc:
+            early = exc
+        if early is None:
+            reserved, early = await self._prefetch(obj)
+        try:
+            await self._turn(item)
+        except BaseException:
+            self._prefetch_room += reserved
+            raise
         settled = False
         applier = _Applier(self.session, cid)
         try:
             self.stats.revs_received += 1
             self.stats.bytes_received += len(body)
             try:
-                entry = await self.entry_of(decode_body(body))
+                if isinstance(early, PeerError):
+                    raise early
+                entry = early if early is not None else await self.entry_of(obj)
             except PeerError as exc:
                 self.stats.results[exc.name] = self.stats.results.get(exc.name, 0) + 1
                 raise _blip(exc) from exc
@@ -338,15 +385,37 @@ class Sink:
             if settled:
                 self.stats.revs_settled += 1
         finally:
+            self._prefetch_room += reserved
             self.window.finish(item, settled=settled)
             self._settle_later()
             self._notify()
+        # The message and its data are in the open transaction now: let go of them before
+        # waiting for the commit, or a batch of 64 large records stays in memory until then.
+        del entry, outcome
+        obj = early = None
         if applier.batch is not None:
             try:
                 await self.session.committer.durable(applier.batch)
             except StoreUnavailable as exc:
                 refuse(503, "StoreUnavailable", str(exc))
         return result.to_json()
+
+    async def admit(self, entry: ReplicationEntry) -> tuple[ReplicationApplyResult, ClosureOutcome]:
+        """Apply one fetched message outside a listing (a repair's ``getDependencies`` answer):
+        the same closure loop as a `rev`, dependencies and data fetched from the source on
+        this connection. Returns once the apply is durable, with the root's result (``Deferred``
+        when its closure did not settle) and the closure's outcome. No window, no tokens."""
+        applier = _Applier(self.session, entry.cid)
+        outcome = await ClosureAdmitter(self.tenant, entry).admit(applier, _RemoteFetcher(self))
+        result: ReplicationApplyResult = applier.last if applier.last is not None else Deferred("storage")
+        if outcome.status == "deferred" and result.kind in SETTLING_KINDS:
+            result = Deferred("storage")
+        if applier.batch is not None:
+            try:
+                await self.session.committer.durable(applier.batch)
+            except StoreUnavailable as exc:
+                raise PeerError(503, "StoreUnavailable", str(exc)) from exc
+        return result, outcome
 
     async def on_norev(self, properties: dict[str, str]) -> None:
         item = self._wanted(properties)

@@ -72,14 +72,23 @@ class _Budget:
             await freed.wait()
 
 
-def message_entry(entry: ReplicationEntry, *, inline: bool = True) -> dict[str, Any]:
-    """A MessageEntry (§8.1): the message, and its data inline when small enough."""
+def message_entry(entry: ReplicationEntry, *, inline: bool = True, size: int | None = None) -> dict[str, Any]:
+    """A MessageEntry (§8.1): the message, and its data inline when small enough.
+
+    ``size``: the size of data the entry does not carry (kept out of line, not read).
+    """
     out: dict[str, Any] = {"message": entry.message}
     if entry.data is not None:
         out["dataSize"] = len(entry.data)
         if inline and len(entry.data) <= INLINE_DATA_MAX:
             out["data"] = entry.data
+    elif size is not None:
+        out["dataSize"] = size
     return out
+
+
+#: One listed message: its token, the entry (None: it left the log) and its data size.
+_Listed = tuple[ProgressToken, "ReplicationEntry | None", "int | None"]
 
 
 class Source:
@@ -160,7 +169,7 @@ class Source:
                         self.tenant, [c for p, c in rows if p > self.replay_until], self.suppress_origin
                     )
                 items: list[list[Any]] = []
-                wanted: list[tuple[ProgressToken, ReplicationEntry | None]] = []
+                wanted: list[_Listed] = []
                 for position, cid in rows:
                     assert stream_id is not None and epoch is not None
                     token = ProgressToken(stream_id, epoch, position, cid)
@@ -169,7 +178,8 @@ class Source:
                         self.window.add(token, settled=True)  # it came from the sink: it has it
                         self.stats.echoes_suppressed += 1
                         continue
-                    entry = self.session.fetcher.entry_by_cid(self.tenant, cid)
+                    listed = self.session.fetcher.listed_entry(self.tenant, cid)
+                    entry, size = listed if listed is not None else (None, None)
                     if entry is not None and not self.scope.matches(entry.message):
                         if self.window is not None:
                             self.window.add(token, settled=True)  # passed over: out of scope
@@ -178,10 +188,10 @@ class Source:
                     record_id = entry.message.get("recordId") if entry is not None else None
                     if isinstance(record_id, str):
                         item.append(record_id)
-                        if entry is not None and entry.data is not None:
-                            item.append(len(entry.data))
+                        if size is not None:
+                            item.append(size)
                     items.append(item)
-                    wanted.append((token, entry))
+                    wanted.append((token, entry, size))
                     if self.window is not None:
                         self.window.add(token)
                 self.position = after if after >= 0 else None
@@ -214,15 +224,14 @@ class Source:
             await self._budget.drained()
         self._record_push()
 
-    def _on_listed(
-        self, wanted: list[tuple[ProgressToken, ReplicationEntry | None]], statuses: Any
-    ) -> list[tuple[ProgressToken, ReplicationEntry | None]]:
+    def _on_listed(self, wanted: list[_Listed], statuses: Any) -> list[_Listed]:
         statuses = statuses if isinstance(statuses, list) else []
-        wanted_revs: list[tuple[ProgressToken, ReplicationEntry | None]] = []
-        for i, (token, entry) in enumerate(wanted):
+        wanted_revs: list[_Listed] = []
+        for i, listed in enumerate(wanted):
+            token = listed[0]
             status = statuses[i] if i < len(statuses) else 0
             if status == 0:
-                wanted_revs.append((token, entry))
+                wanted_revs.append(listed)
                 continue
             self.stats.items_skipped += 1
             if self.window is not None:
@@ -234,20 +243,20 @@ class Source:
         self._progress()
         return wanted_revs
 
-    async def _send_revs(
-        self, wanted: list[tuple[ProgressToken, ReplicationEntry | None]], revs: trio.Nursery
-    ) -> None:
+    async def _send_revs(self, wanted: list[_Listed], revs: trio.Nursery) -> None:
         """Start a `rev` per wanted item, taking each one's budget here, in item order: were
         the tasks to compete for freed budget, a later `rev` could take the slot the sink's
         next-in-line one needs, and with the budget full of later ones nothing would move."""
-        for token, entry in wanted:
+        for token, entry, size in wanted:
             body = None
             if entry is not None and (self.may_read is None or self.may_read(entry.message)):
-                body = encode_body(message_entry(entry))
+                body = encode_body(message_entry(entry, size=size))
             await self._budget.take(len(body) if body is not None else 0)
-            revs.start_soon(self._send_rev, token, entry, body)
+            revs.start_soon(self._send_rev, token, entry, size, body)
 
-    async def _send_rev(self, token: ProgressToken, entry: ReplicationEntry | None, body: bytes | None) -> None:
+    async def _send_rev(
+        self, token: ProgressToken, entry: ReplicationEntry | None, size: int | None, body: bytes | None
+    ) -> None:
         props = {"collection": str(self.index), "messageCid": token.message_cid, "position": str(token.position)}
         settled = False
         try:
@@ -260,11 +269,9 @@ class Source:
                 assert self.session.conn is not None
                 await self.session.conn.send_no_reply("norev", {**props, "error": "403", "reason": "not readable"})
                 return
-            self.session.offer(self.tenant, entry)
+            self.session.offer(self.tenant, entry, size)
             self.stats.revs_sent += 1
-            self.stats.bytes_sent += len(body) + (
-                len(entry.data) if entry.data is not None and len(entry.data) > INLINE_DATA_MAX else 0
-            )
+            self.stats.bytes_sent += len(body) + (size if size is not None and size > INLINE_DATA_MAX else 0)
             reply = await self.session.call("rev", props, body, compress=len(body) > 1024)
             result = decode_body(reply.body)
             kind = result.get("kind") if isinstance(result, dict) else None

@@ -62,6 +62,7 @@ __all__ = [
     "DependencyFetcher",
     "FetchRequest",
     "ReplicationEntry",
+    "Withheld",
     "answers_ref",
     "fetch_key",
 ]
@@ -191,6 +192,15 @@ class DependencyFetcher(Protocol):
     """Answers dependency refs with messages (from a remote, or from the pusher's store)."""
 
     async def fetch(self, tenant: str, refs: Sequence[DependencyRef]) -> Sequence[Sequence[ReplicationEntry]]: ...
+
+
+class Withheld(tuple[ReplicationEntry, ...]):
+    """A fetcher's answer for a ref the source holds but will not let this reader have
+    (replication-profiles.md §10 ``withheld``). Left without an answer, a ref like that ends
+    the closure as terminal (``ClosureDependencyForbidden``), not as a retry-later deferral:
+    asking again will not change the source's mind."""
+
+    __slots__ = ()
 
 
 @dataclass(frozen=True)
@@ -378,6 +388,10 @@ class ClosureAdmitter:
             self._request = self._machine.send(value)
         except StopIteration as stop:  # pragma: no cover - _run always ends with an outcome
             raise ClosureProtocolError("the closure loop ended without an outcome") from stop
+        if isinstance(self._request, ClosureOutcome):
+            # The suspended loop and this admitter refer to each other; closing the loop frees
+            # its entries (their data: 10 MiB records) now rather than at the next cyclic GC.
+            self._machine.close()
         return self._request
 
     def _outcome(
@@ -399,6 +413,7 @@ class ClosureAdmitter:
     def _run(self) -> Generator[Request, Any, None]:
         known: set[str] = {self.root.cid}
         cache: dict[tuple[str, ...], tuple[ReplicationEntry, ...]] = {}
+        forbidden: set[tuple[str, ...]] = set()  # refs the source withheld (see Withheld)
         pending: list[ReplicationEntry] = [self.root]
         while True:
             if self.passes >= self.max_passes:
@@ -461,6 +476,8 @@ class ClosureAdmitter:
                     accepted = tuple(e for e in candidates if isinstance(e, ReplicationEntry) and answers_ref(ref, e))
                     accepted = accepted[: self.max_answers_per_ref]
                     cache[key] = accepted
+                    if isinstance(got, Withheld) and not accepted:
+                        forbidden.add(key)
                     self._entries_fetched += len(accepted)
                     if accepted:
                         # New answers (a new message, or data for one) may let a retry succeed;
@@ -477,6 +494,11 @@ class ClosureAdmitter:
                 for ref in missing:
                     answers_for_entry.extend(cache[fetch_key(ref)])
                 if not answers_for_entry:
+                    refused = [ref for ref in missing if fetch_key(ref) in forbidden]
+                    if refused:
+                        detail = f"ClosureDependencyForbidden: {entry.cid}: withheld {describe_refs(refused)}"
+                        yield self._outcome("failed", detail, "terminal")
+                        return
                     yield self._outcome("deferred", f"{entry.cid}: unresolved {describe_refs(missing)}")
                     return
                 retry.extend(e for e in answers_for_entry if e.cid not in self._admitted)

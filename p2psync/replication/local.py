@@ -117,6 +117,26 @@ class LocalStoreFetcher:
         indexes = self.store.messages.get_indexes(tenant, cid) or {}
         return self._entry(tenant, message, latest=indexes.get("isLatestBaseState") is True)
 
+    def listed_entry(self, tenant: str, cid: str) -> tuple[ReplicationEntry, int | None] | None:
+        """Like :meth:`entry_by_cid`, for a feed that lists before it sends: data kept out of
+        line is not read (it travels later, by ``getAttachment``); its size comes instead.
+
+        Returns the entry (with inline data only) and the size of its data (None: no data).
+        Reading a 10 MiB record per listed item would hold a whole page of them in memory.
+        """
+        message = self.store.messages.get(tenant, cid)
+        if message is None:
+            return None
+        indexes = self.store.messages.get_indexes(tenant, cid) or {}
+        entry = self._entry(tenant, message, latest=indexes.get("isLatestBaseState") is True, load=False)
+        if entry.data is not None:
+            return entry, len(entry.data)
+        descriptor = message.get("descriptor", {})
+        if self._large_data_held(message, latest=indexes.get("isLatestBaseState") is True):
+            size = self.store.data.size(tenant, message["recordId"], descriptor["dataCid"])
+            return entry, size
+        return entry, None
+
     def record_entries(self, tenant: str, record_id: str, protocol: str | None = None) -> list[ReplicationEntry]:
         """A record's initial write, then its newest write with the data (RecordsQuery by recordId).
 
@@ -167,21 +187,29 @@ class LocalStoreFetcher:
 
     # -- building entries -----------------------------------------------------------------
 
-    def _entry(self, tenant: str, stored: Message, *, latest: bool) -> ReplicationEntry:
-        """A stored message as it travels: ``encodedData`` taken out as the entry's data."""
-        message = {k: v for k, v in stored.items() if k != "encodedData"}
-        data: bytes | None = None
-        encoded = stored.get("encodedData")
+    @staticmethod
+    def _large_data_held(stored: Message, *, latest: bool) -> bool:
+        """Whether the store keeps this message's data out of line (only the latest state has it)."""
         descriptor = stored.get("descriptor", {})
-        if isinstance(encoded, str):
-            data = b64url_decode(encoded)
-        elif (
+        return (
             latest
+            and "encodedData" not in stored
             and descriptor.get("interface") == "Records"
             and descriptor.get("method") == "Write"
             and isinstance(descriptor.get("dataSize"), int)
             and descriptor["dataSize"] > MAX_DATA_SIZE_ENCODED
-        ):
+        )
+
+    def _entry(self, tenant: str, stored: Message, *, latest: bool, load: bool = True) -> ReplicationEntry:
+        """A stored message as it travels: ``encodedData`` taken out as the entry's data
+        (and data kept out of line read in, unless ``load`` is false)."""
+        message = {k: v for k, v in stored.items() if k != "encodedData"}
+        data: bytes | None = None
+        encoded = stored.get("encodedData")
+        if isinstance(encoded, str):
+            data = b64url_decode(encoded)
+        elif load and self._large_data_held(stored, latest=latest):
+            descriptor = stored["descriptor"]
             data = self.store.data.get(tenant, stored["recordId"], descriptor["dataCid"])
         return ReplicationEntry(message, data)
 

@@ -3,6 +3,9 @@
     .venv/bin/python tests/bench/bench_peer.py [--count 100000] [--size 1024]
                                                [--big-count 100] [--big-mib 10] [--cache DIR]
 
+``P2PSYNC_BENCH_PROFILE=DIR`` runs both workers under cProfile (``DIR/serve.prof``,
+``DIR/sync-pull.prof``, ...).
+
 Builds (once, cached under ``--cache``) a store with ``--count`` signed records of ``--size``
 bytes of data, and one with ``--big-count`` records of ``--big-mib`` MiB. Then, each in a fresh
 pair of processes (one serving, one syncing, both ``python -m`` this file in a worker mode):
@@ -43,6 +46,12 @@ SCHEMA = "https://p2psync.example/bench"
 
 def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def _cpu_s() -> float:
+    """CPU seconds this process used so far: the figure load on the machine distorts least."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def build(path: Path, count: int, size: int) -> None:
@@ -92,9 +101,10 @@ def serve(store_path: str, port_file: str) -> None:
             server = await nursery.start(peer.serve, "127.0.0.1", 0)
             Path(port_file).write_text(str(server.port))
             # Serve until stdin closes (the orchestrator's signal), then report.
+            ready = _cpu_s()
             await trio.to_thread.run_sync(sys.stdin.read)
             nursery.cancel_scope.cancel()
-        print(json.dumps({"rss_mb": round(_rss_mb(), 1)}), flush=True)
+        print(json.dumps({"rss_mb": round(_rss_mb(), 1), "cpu_s": _cpu_s() - ready}), flush=True)
 
     trio.run(main)
 
@@ -106,12 +116,12 @@ def sync(store_path: str, url: str, direction: str) -> None:
 
     async def main() -> dict[str, Any]:
         peer = Peer(Store(store_path), ALICE)
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), _cpu_s()
         summary = await peer.sync(url, tenant=ALICE.did, direction=direction)  # type: ignore[arg-type]
-        seconds = time.perf_counter() - started
+        seconds, cpu = time.perf_counter() - started, _cpu_s() - cpu
         stats = summary.pull if direction == "pull" else summary.push
         assert stats is not None
-        return {"seconds": seconds, "settled": stats.revs_settled, "results": stats.results,
+        return {"seconds": seconds, "cpu_s": cpu, "settled": stats.revs_settled, "results": stats.results,
                 "bytes": stats.bytes_received if direction == "pull" else stats.bytes_sent,
                 "rss_mb": round(_rss_mb(), 1)}
 
@@ -144,7 +154,9 @@ def run_pair(server_store: Path, client_store: Path, direction: str) -> dict[str
             server.stdin.close()
             tail = server.stdout.read() if server.stdout is not None else ""
             server.wait(timeout=60)
-        result["server_rss_mb"] = json.loads(tail.strip().splitlines()[-1])["rss_mb"]
+        server_report = json.loads(tail.strip().splitlines()[-1])
+        result["server_rss_mb"] = server_report["rss_mb"]
+        result["server_cpu_s"] = server_report["cpu_s"]
         return result
 
 
@@ -163,12 +175,36 @@ def copy_store(src: Path, dst: Path) -> Path:
     return dst
 
 
+def profiled(role: str, run: Any, *args: str) -> None:
+    """Run one worker, under cProfile when ``P2PSYNC_BENCH_PROFILE`` names a directory (the
+    stats land in ``<dir>/<role>.prof``; figures taken that way are slower, only the shares count)."""
+    out = os.environ.get("P2PSYNC_BENCH_PROFILE")
+    if not out:
+        run(*args)
+        return
+    import cProfile
+
+    profile = cProfile.Profile()
+    profile.enable()
+    try:
+        run(*args)
+    finally:
+        profile.disable()
+        profile.dump_stats(os.path.join(out, f"{role}.prof"))
+
+
+def _cpu_line(r: dict[str, Any], count: int) -> str:
+    """CPU per message on each side: what bounds the rate when both share the machine's cores."""
+    return (f"CPU per message: syncing side {r['cpu_s'] / count * 1e6:,.0f} us, "
+            f"serving side {r['server_cpu_s'] / count * 1e6:,.0f} us")
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--serve":
-        serve(sys.argv[2], sys.argv[3])
+        profiled("serve", serve, sys.argv[2], sys.argv[3])
         return
     if len(sys.argv) > 1 and sys.argv[1] == "--sync":
-        sync(sys.argv[2], sys.argv[3], sys.argv[4])
+        profiled(f"sync-{sys.argv[4]}", sync, sys.argv[2], sys.argv[3], sys.argv[4])
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--count", type=int, default=100_000)
@@ -193,12 +229,12 @@ def main() -> None:
         r = run_pair(copy_store(small, work / "src.db"), fresh(work / "dst.db"), "pull")
         print(f"pull {args.count:,} x {args.size} B: {r['settled'] / r['seconds']:,.0f} messages/s "
               f"({r['seconds']:.1f} s; results {r['results']}); "
-              f"RSS puller {r['rss_mb']} MB, source {r['server_rss_mb']} MB")
+              f"RSS puller {r['rss_mb']} MB, source {r['server_rss_mb']} MB; {_cpu_line(r, args.count)}")
     if "push" not in args.skip:
         r = run_pair(fresh(work / "dst.db"), copy_store(small, work / "src.db"), "push")
         print(f"push {args.count:,} x {args.size} B: {r['settled'] / r['seconds']:,.0f} messages/s "
               f"({r['seconds']:.1f} s; results {r['results']}); "
-              f"RSS pusher {r['rss_mb']} MB, sink {r['server_rss_mb']} MB")
+              f"RSS pusher {r['rss_mb']} MB, sink {r['server_rss_mb']} MB; {_cpu_line(r, args.count)}")
     if "large" not in args.skip:
         r = run_pair(copy_store(big, work / "src.db"), fresh(work / "dst.db"), "pull")
         mb = r["bytes"] / 1e6

@@ -42,6 +42,7 @@ from p2psync.replication.closure import (
     ClosureProtocolError,
     FetchRequest,
     ReplicationEntry,
+    Withheld,
     answers_ref,
 )
 from p2psync.replication.local import LocalApplier, LocalStoreFetcher, reconcile
@@ -303,6 +304,26 @@ def test_driving_the_machine_by_hand() -> None:
     assert admitter.outcome is request
     with pytest.raises(ClosureProtocolError):
         admitter.receive_apply(Applied())
+
+
+def test_a_withheld_dependency_ends_the_closure_as_terminal() -> None:
+    """§10: a source that holds a ref's answer but will not show it is not asked again."""
+    w = chat_world()
+    admitter = ClosureAdmitter(w.tenant, w.steps["thread"].entry)
+    admitter.receive_apply(Incomplete((Protocol(protocol=CHAT),)))
+    outcome = admitter.receive_fetch([Withheld()])
+    assert isinstance(outcome, ClosureOutcome)
+    assert outcome.status == "failed" and outcome.failure == "terminal"
+    assert outcome.detail is not None and outcome.detail.startswith("ClosureDependencyForbidden: ")
+
+
+def test_an_empty_answer_stays_a_deferral() -> None:
+    """Nothing there (no ``withheld``) may change later: retry, do not settle."""
+    w = chat_world()
+    admitter = ClosureAdmitter(w.tenant, w.steps["thread"].entry)
+    admitter.receive_apply(Incomplete((Protocol(protocol=CHAT),)))
+    outcome = admitter.receive_fetch([[]])
+    assert isinstance(outcome, ClosureOutcome) and outcome.status == "deferred"
 
 
 def test_a_misbehaving_fetcher_answer_is_a_deferral_not_a_crash() -> None:

@@ -1,0 +1,50 @@
+"""What a peer tells an observer while it replicates (for metrics; see p2psync/node/metrics.py).
+
+The peer calls these at a few points of its hot path, so an observer must be cheap and must
+never raise. The default, :data:`NO_OBSERVER`, does nothing. Link states, checkpoints and
+repairs are not reported here: they are ledger events (``Ledger.add_listener``) and ledger
+rows, read where they are needed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final, Protocol
+
+from p2psync.dwn.replication_types import DependencyRef
+
+__all__ = ["NO_OBSERVER", "NoObserver", "SyncObserver"]
+
+
+class SyncObserver(Protocol):
+    """Receives the peer's apply-side events (both roles: a `rev` is applied by whichever side
+    is the sink of its direction)."""
+
+    def rev_started(self) -> float:
+        """A `rev` arrived; returns an opaque start mark handed back to :meth:`rev_finished`."""
+        ...
+
+    def rev_finished(self, started: float, kind: str) -> None:
+        """That `rev` was answered (its apply durable) or failed; ``kind`` is the
+        ReplicationApplyResult kind (``Applied``, ``Duplicate``, ...) or ``Error``."""
+        ...
+
+    def dependencies_missing(self, refs: Sequence[DependencyRef]) -> None:
+        """The closure loop asks the source for these dependencies (they are not here)."""
+        ...
+
+
+class NoObserver:
+    """The observer of a peer nobody watches."""
+
+    def rev_started(self) -> float:
+        return 0.0
+
+    def rev_finished(self, started: float, kind: str) -> None:
+        return None
+
+    def dependencies_missing(self, refs: Sequence[DependencyRef]) -> None:
+        return None
+
+
+NO_OBSERVER: Final[SyncObserver] = NoObserver()
