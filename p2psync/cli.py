@@ -18,6 +18,8 @@ from p2psync import __version__
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+#: The running node's status (p2psync/node), in its data directory; `peers` reads it.
+NODE_STATUS_FILE = "node-status.json"
 
 
 class CliError(Exception):
@@ -236,17 +238,51 @@ def cmd_query(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from p2psync import cli_sync
+    from p2psync.dwn.errors import DwnError
+    from p2psync.dwn.store import Store
+    from p2psync.home import Home, HomeError, default_home
+    from p2psync.node.config import ConfigError, load_config
 
-    identity = _identity(args)
-    store = _open_store(args, must_exist=False)
-    quiet = cli_sync.log_to_stderr(args.verbose)
+    flags = {
+        "data_dir": args.home, "store": args.store, "host": args.host, "port": args.port, "auto": args.auto,
+        "discovery": args.discovery, "private": args.private, "peers": args.peer, "interfaces": args.interface,
+        "metrics_port": args.metrics_port, "metrics_host": args.metrics_host, "name": args.name,
+        "log_level": args.log_level or ("info" if args.verbose else None),
+    }
     try:
-        return cli_sync.run_serve(store, identity, args.host, args.port)
+        config = load_config(args.config, flags=flags)
+    except ConfigError as exc:
+        raise CliError(str(exc)) from None
+    home = Home(config.data_dir or default_home())
+    try:
+        identity = home.load_identity()
+    except HomeError as exc:
+        raise CliError(str(exc)) from None
+    store_path = config.store or home.store_path
+    try:
+        store = Store(store_path)
+    except DwnError as exc:
+        raise CliError(f"cannot open {store_path}: {exc}") from None
+    quiet = cli_sync.log_to_stderr(args.verbose, level=config.log_level)
+    try:
+        return cli_sync.run_serve(store, identity, config, status_path=home.path / NODE_STATUS_FILE)
     except cli_sync.CliFailure as exc:
         raise CliError(str(exc)) from None
     finally:
         quiet()
         store.close()
+
+
+def cmd_peers(args: argparse.Namespace) -> int:
+    from p2psync.home import Home, default_home
+    from p2psync.node import browse
+
+    home = Home(Path(args.home) if args.home else default_home())
+    try:
+        return browse.run_peers(wait=args.wait, as_json=args.json, interfaces=args.interface,
+                                status_path=home.path / NODE_STATUS_FILE)
+    except browse.PeersFailure as exc:
+        raise CliError(str(exc)) from None
 
 
 def cmd_sync(args: argparse.Namespace) -> int:
@@ -263,6 +299,27 @@ def cmd_sync(args: argparse.Namespace) -> int:
         return cli_sync.run_sync(
             store, identity, args.url, tenant=args.tenant or identity.did, protocol=args.protocol,
             direction=args.direction, continuous=args.continuous, progress=progress, as_json=args.json,
+        )
+    except cli_sync.CliFailure as exc:
+        raise CliError(str(exc)) from None
+    finally:
+        quiet()
+        store.close()
+
+
+def cmd_repair(args: argparse.Namespace) -> int:
+    from p2psync import cli_repair, cli_sync
+
+    identity = _identity(args)
+    if args.tenant is not None and not args.tenant.startswith("did:"):
+        raise CliError(f"--tenant {args.tenant} is not a DID")
+    progress = sys.stderr.isatty() if args.progress is None else bool(args.progress)
+    store = _open_store(args, must_exist=True)
+    quiet = cli_sync.log_to_stderr(args.verbose)
+    try:
+        return cli_repair.run_repair(
+            store, identity, args.plan, args.peer, replica=args.replica, source=args.source, tenant=args.tenant,
+            protocol=args.protocol, progress=progress, as_json=args.json,
         )
     except cli_sync.CliFailure as exc:
         raise CliError(str(exc)) from None
@@ -386,11 +443,32 @@ def build_parser() -> argparse.ArgumentParser:
 
     from p2psync.cli_sync import DEFAULT_HOST, DEFAULT_PORT
 
-    sp = add("serve", cmd_serve, "serve this node to peers (the passive side of sync) until Ctrl-C")
+    sp = add("serve", cmd_serve, "run this node until Ctrl-C: serve peers, and with a configuration advertise "
+             "it and keep syncing (docs/operator.md)")
+    sp.add_argument("--config", metavar="FILE", help="node configuration (TOML; default: $P2PSYNC_CONFIG, else none)")
     sp.add_argument("--store")
-    sp.add_argument("--host", default=DEFAULT_HOST, help=f"address to listen on (default {DEFAULT_HOST})")
-    sp.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"TCP port (default {DEFAULT_PORT}; 0: any free)")
+    sp.add_argument("--host", help=f"address to listen on (default {DEFAULT_HOST})")
+    sp.add_argument("--port", help=f"TCP port (default {DEFAULT_PORT}; 0: any free)")
+    sp.add_argument("--auto", action=argparse.BooleanOptionalAction, default=None,
+                    help="keep syncing with discovered peers that share a tenant (default: no)")
+    sp.add_argument("--discovery", action=argparse.BooleanOptionalAction, default=None,
+                    help="advertise and browse with mDNS (default: on unless listening on loopback)")
+    sp.add_argument("--private", action=argparse.BooleanOptionalAction, default=None,
+                    help="advertise tenant DIDs hashed, not in clear (default: no)")
+    sp.add_argument("--interface", action="append", metavar="IP",
+                    help="address to advertise and browse on (repeat; default: the listen address)")
+    sp.add_argument("--name", help="the name to advertise (default: <host name>-<start of the storeId>)")
+    sp.add_argument("--peer", action="append", metavar="URL",
+                    help="a peer to always sync with (repeat; replaces the configured peers)")
+    sp.add_argument("--metrics-port", metavar="N", help="serve Prometheus metrics on this port (0: any free)")
+    sp.add_argument("--metrics-host", metavar="H", help="address of the metrics endpoint (default 127.0.0.1)")
+    sp.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="stderr log level")
     sp.add_argument("-v", "--verbose", action="store_true", help="log connections' link state changes to stderr")
+
+    sp = add("peers", cmd_peers, "browse the LAN for p2psync nodes (mDNS) and list them")
+    sp.add_argument("--wait", type=float, default=3.0, metavar="SECONDS", help="how long to browse (default 3)")
+    sp.add_argument("--interface", action="append", metavar="IP", help="browse on this address only (repeat)")
+    sp.add_argument("--json", action="store_true", help="machine-readable output")
 
     sp = add("sync", cmd_sync, "replicate a tenant with the peer at URL (ws://host:port/_p2psync)")
     sp.add_argument("url")
@@ -407,6 +485,21 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                     help="progress bar on stderr (default: only when stderr is a terminal)")
     sp.add_argument("-v", "--verbose", action="store_true", help="log link state changes and retries to stderr")
+
+    sp = add("repair", cmd_repair, "fetch the messages a reconcile plan says this replica lacks from the peer "
+             "at --peer (exit 3 when some could not be repaired)")
+    sp.add_argument("--plan", required=True, help="plan directory of `p2psync pipeline reconcile`")
+    sp.add_argument("--store", help="the replica's store (default: the data directory's)")
+    sp.add_argument("--peer", required=True, metavar="URL", help="the peer to fetch from (ws://host:port/_p2psync)")
+    sp.add_argument("--replica", metavar="ID", help="this replica's id in the plan (default: the store's storeId)")
+    sp.add_argument("--source", metavar="ID", help="only the rows whose source is this replica (default: all rows)")
+    sp.add_argument("--tenant", help="only this tenant's rows")
+    sp.add_argument("--protocol", metavar="URL",
+                    help="open the collection with this protocol's scope (for a protocol-scoped grant)")
+    sp.add_argument("--json", action="store_true", help="print the outcome as one JSON object")
+    sp.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                    help="progress bar on stderr (default: only when stderr is a terminal)")
+    sp.add_argument("-v", "--verbose", action="store_true", help="log p2psync's info messages to stderr")
 
     sp = add("status", cmd_status, "replication links, their states and checkpoints")
     sp.add_argument("--store")

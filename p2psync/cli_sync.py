@@ -15,7 +15,8 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, TextIO
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 import trio
 
@@ -23,6 +24,9 @@ from p2psync.dwn.did import Identity
 from p2psync.dwn.errors import DwnError
 from p2psync.dwn.store import Store
 from p2psync.peer.stats import SyncProgress, SyncSummary
+
+if TYPE_CHECKING:
+    from p2psync.node.config import NodeConfig
 
 __all__ = [
     "DEFAULT_HOST",
@@ -165,20 +169,24 @@ class _BarSafeHandler(logging.Handler):
             self.handleError(record)
 
 
-def log_to_stderr(verbose: bool, stream: TextIO | None = None) -> Callable[[], None]:
+def log_to_stderr(verbose: bool, stream: TextIO | None = None, *, level: str | None = None) -> Callable[[], None]:
     """Show p2psync's own log records (link state changes, retries) on stderr: warnings
-    always, info with ``--verbose``. Returns the undo. On the ``p2psync`` logger, not the root
-    one, so a host program's (or pytest's) logging stays as it was."""
+    always, info with ``--verbose``, or ``level`` (debug, info, warning, error) when given.
+    Returns the undo. On the ``p2psync`` logger, not the root one, so a host program's (or
+    pytest's) logging stays as it was."""
     logger = logging.getLogger("p2psync")
     handler = _BarSafeHandler(stream if stream is not None else sys.stderr)
     handler.setFormatter(logging.Formatter("p2psync: %(message)s"))
-    level = logger.level
+    previous = logger.level
     logger.addHandler(handler)
-    logger.setLevel(logging.INFO if verbose else logging.WARNING)
+    if level is not None:
+        logger.setLevel(getattr(logging, level.upper()))
+    else:
+        logger.setLevel(logging.INFO if verbose else logging.WARNING)
 
     def undo() -> None:
         logger.removeHandler(handler)
-        logger.setLevel(level)
+        logger.setLevel(previous)
 
     return undo
 
@@ -186,26 +194,59 @@ def log_to_stderr(verbose: bool, stream: TextIO | None = None) -> Callable[[], N
 # --------------------------------------------------------------------------- serve
 
 
-def run_serve(store: Store, identity: Identity, host: str, port: int, *, out: TextIO | None = None) -> int:
-    """Serve the passive role on ``host:port`` until Ctrl-C or SIGTERM; prints the URL and DID."""
-    from p2psync.peer.peer import Peer
+def run_serve(
+    store: Store,
+    identity: Identity,
+    config: NodeConfig | None = None,
+    *,
+    out: TextIO | None = None,
+    status_path: Path | None = None,
+) -> int:
+    """Run the node (p2psync/node) until Ctrl-C or SIGTERM; prints its URL, DID and storeId
+    (and, when configured, the metrics URL, discovery and links).
+
+    The first signal stops it gracefully (links save their checkpoints); a second one stops it
+    at once. With no configuration it is the passive side on 127.0.0.1:4984, nothing more.
+    """
+    from p2psync.node.config import ConfigError, NodeConfig
+    from p2psync.node.metrics import scope_label
+    from p2psync.node.node import Node, NodeError
 
     stream = out if out is not None else sys.stdout
-    peer = Peer(store, identity)
+    config = config or NodeConfig()
+    try:
+        node = Node(config, store, identity, status_path=status_path)
+    except ConfigError as exc:
+        raise CliFailure(str(exc)) from None
+
+    def say(line: str) -> None:
+        # Flushed: a supervising process (or a test) reads the URL from a pipe.
+        print(line, file=stream, flush=True)
 
     async def main() -> list[int]:
         stopped: list[int] = []
         with _stop_signals() as signals:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(_cancel_on_signal, signals, nursery.cancel_scope, stopped)
                 try:
-                    server = await nursery.start(peer.serve, host, port)
-                except OSError as exc:
-                    raise CliFailure(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-                # Flushed: a supervising process (or a test) reads the URL from a pipe.
-                print(f"serving {ws_url(host, server.port)}", file=stream, flush=True)
-                print(f"did: {identity.did}", file=stream, flush=True)
-                print(f"storeId: {peer.store_id}", file=stream, flush=True)
+                    await nursery.start(_run_node, node, nursery.cancel_scope)
+                except NodeError as exc:
+                    raise CliFailure(str(exc)) from None
+                nursery.start_soon(_stop_node_on_signals, signals, node, nursery.cancel_scope, stopped)
+                say(f"serving {node.url}")
+                say(f"did: {identity.did}")
+                say(f"storeId: {node.store_id}")
+                if node.metrics_url is not None:
+                    say(f"metrics: {node.metrics_url}")
+                if config.discovery_enabled:
+                    where = ", ".join(config.discovery_interfaces() or ["all interfaces"])
+                    say(f"discovery: on ({where})" + (", tenants hashed" if config.private else "")
+                        + (", auto-sync with peers that share a tenant" if config.auto else ""))
+                if config.tenants or config.peers or config.auto:
+                    for tenant in node.tenants:
+                        scopes = ", ".join(scope_label(s) for s in tenant.scopes)
+                        say(f"tenant: {tenant.did} ({scopes}; {tenant.direction})")
+                for peer in config.peers:
+                    say(f"peer: {peer.url}")
         return stopped
 
     try:
@@ -213,8 +254,27 @@ def run_serve(store: Store, identity: Identity, host: str, port: int, *, out: Te
     except BaseExceptionGroup as group:
         raise _leaf(group) from None
     name = signal.Signals(stopped[0]).name if stopped else "end"
+    if node.stopped_links:
+        print(f"checkpoints saved for {node.stopped_links} link(s)", file=stream, flush=True)
     print(f"stopped ({name})", file=stream, flush=True)
     return 0
+
+
+async def _stop_node_on_signals(signals: Any, node: Any, cancel_scope: trio.CancelScope, stopped: list[int]) -> None:
+    """First signal: a graceful stop; a second one: stop at once."""
+    async for signum in signals:
+        stopped.append(signum)
+        if len(stopped) == 1:
+            node.stop()
+        else:
+            cancel_scope.cancel()
+            return
+
+
+async def _run_node(node: Any, cancel_scope: trio.CancelScope, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    """Run the node; once it has stopped, end the rest (the signal watcher)."""
+    await node.run(task_status=task_status)
+    cancel_scope.cancel()
 
 
 # --------------------------------------------------------------------------- sync

@@ -26,7 +26,7 @@ import logging
 import random
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Final, Literal
 
@@ -40,6 +40,8 @@ from p2psync.dwn.store import Store
 from p2psync.peer.committer import GroupCommitter
 from p2psync.peer.copies import CheckpointCopies, checkpoint_id, store_id
 from p2psync.peer.hello import new_hello
+from p2psync.peer.observer import NO_OBSERVER, SyncObserver
+from p2psync.peer.repair import RepairProgress, RepairSummary, WantedMessage, fetch_messages
 from p2psync.peer.session import ALL_PROFILES, PeerSession
 from p2psync.peer.sink import Sink
 from p2psync.peer.source import Source
@@ -49,7 +51,10 @@ from p2psync.replication.checkpoint import DirectionCheckpoint
 from p2psync.replication.ledger import Direction, Ledger, LinkKey, LinkState, retry_delay
 from p2psync.replication.scope import SyncScope
 
-__all__ = ["AGENT", "CHECKPOINT_INTERVAL", "Peer", "SyncProgress", "SyncStats", "SyncSummary"]
+__all__ = [
+    "AGENT", "CHECKPOINT_INTERVAL", "Peer", "RepairProgress", "RepairSummary", "SyncProgress", "SyncStats",
+    "SyncSummary", "WantedMessage",
+]
 
 log = logging.getLogger("p2psync.peer")
 
@@ -103,6 +108,8 @@ class Peer:
         self._retry_now = trio.Event()
         self._retry_requests = 0
         self._sessions: weakref.WeakKeyDictionary[blip.Connection, PeerSession] = weakref.WeakKeyDictionary()
+        #: Told of applies and missing dependencies (p2psync/node/metrics.py); set before serving.
+        self.metrics: SyncObserver = NO_OBSERVER
 
     # -- sessions ---------------------------------------------------------------------------
 
@@ -110,11 +117,13 @@ class Peer:
         extra: dict[str, Any] = {}
         if self.max_unanswered_revs is not None:
             extra["max_unanswered_revs"] = self.max_unanswered_revs
-        return PeerSession(
+        session = PeerSession(
             store=self.store, dwn=self.dwn, identity=self.identity, ledger=self.ledger, copies=self.copies,
             committer=self.committer, mine=new_hello(self.identity.did, self.store_id, AGENT), active=active,
             accept_push=self.accept_push, authorizer=self.authorizer, **extra,
         )
+        session.metrics = self.metrics
+        return session
 
     def session_for(self, conn: blip.Connection, active: bool) -> PeerSession:
         """The session of ``conn`` (made on first use)."""
@@ -183,6 +192,7 @@ class Peer:
         on_progress: Callable[[SyncProgress], None] | None = None,
         grants: list[dict[str, Any]] | None = None,
         batch: int = DEFAULT_BATCH,
+        stop: trio.Event | None = None,
     ) -> SyncSummary:
         """Replicate one collection with the peer at ``target`` (a ``ws://`` URL, or a connector
         taking a handler table and yielding a running :class:`blip.Connection`).
@@ -191,6 +201,9 @@ class Peer:
         saved; a connection lost mid-way is retried (from the saved frontier) up to
         :data:`ONE_SHOT_ATTEMPTS` times. Continuous: runs until cancelled, reconnecting with
         backoff. Raises :class:`PeerError` for refusals (403, a failed hello: ``HelloFailed``).
+        ``stop`` (a graceful stop, p2psync/node): once set, a connected round ends both
+        directions, saves the checkpoint pair on both sides and returns; a failed round raises
+        instead of retrying. A sync waiting out its backoff does not watch it (cancel that one).
         """
         if direction not in ("pull", "push", "both"):
             raise ValueError("direction must be pull, push or both")
@@ -203,14 +216,15 @@ class Peer:
             attempt += 1
             requests = self._retry_requests
             round_ = _Round(self, connect, tenant, scope, direction, continuous, on_progress, grants or [], batch,
-                            totals)
+                            totals, stop=stop)
             try:
                 summary = await round_.run()
             except (PeerError, blip.ConnectionClosed, OSError) as exc:
                 retryable = _retryable(exc)
                 if round_.key is not None:
                     self.ledger.record_failure(round_.key, _error_name(exc))
-                if not retryable or (not continuous and attempt >= ONE_SHOT_ATTEMPTS):
+                stopping = stop is not None and stop.is_set()
+                if not retryable or (not continuous and attempt >= ONE_SHOT_ATTEMPTS) or stopping:
                     raise
                 failures = self.ledger.link(round_.key).failure_count if round_.key is not None else attempt
                 delay = retry_delay(failures).total_seconds()
@@ -223,6 +237,22 @@ class Peer:
             summary.seconds = time.monotonic() - started
             summary.rounds = attempt
             return summary
+
+    async def fetch_messages(
+        self,
+        target: str | Connector,
+        *,
+        tenant: str,
+        cids: Iterable[Any],
+        scope: SyncScope | None = None,
+        on_progress: Callable[[RepairProgress], None] | None = None,
+    ) -> RepairSummary:
+        """Fetch these message CIDs of ``tenant`` from the peer at ``target`` and admit each
+        through the closure loop, as a pull would (a reconcile plan's repair; see
+        :mod:`p2psync.peer.repair`). ``cids``: CID strings, :class:`WantedMessage` objects or
+        plan rows. Returns a :class:`RepairSummary` with one outcome per distinct CID."""
+        return await fetch_messages(self, self._connector(target), tenant=tenant, cids=cids, scope=scope,
+                                    on_progress=on_progress)
 
 
 def _retryable(exc: BaseException) -> bool:
@@ -254,8 +284,12 @@ class _Round:
         grants: list[dict[str, Any]],
         batch: int,
         totals: dict[str, SyncStats],
+        *,
+        stop: trio.Event | None = None,
     ) -> None:
         self.peer = peer
+        self.stop = stop
+        self.stopped = False
         self.connect = connect
         self.tenant = tenant
         self.scope = scope
@@ -312,6 +346,8 @@ class _Round:
                     if not self.continuous:
                         nursery.start_soon(self._watchdog, done)
                     async with trio.open_nursery() as directions:
+                        if self.stop is not None:
+                            nursery.start_soon(self._stop_watch, directions.cancel_scope, done)
                         if self.pull:
                             directions.start_soon(self._pull, pull_since)
                         if self.push:
@@ -321,7 +357,7 @@ class _Round:
                 raise _first_cause(group) from None
             await self._save()
             state = self.ledger.link(self.key).state
-            if state in (LinkState.INITIAL, LinkState.REPAIRING, LinkState.DEGRADED_POLL):
+            if state in (LinkState.INITIAL, LinkState.REPAIRING, LinkState.DEGRADED_POLL) and not self.stopped:
                 self.ledger.transition(self.key, LinkState.LIVE, reason="caught_up")
             self.ledger.record_success(self.key)
             await conn.aclose()
@@ -471,6 +507,27 @@ class _Round:
             self._saved = pair
             return
         raise PeerError(409, "CheckpointRevConflict", "the copy changed twice while saving")
+
+    async def _stop_watch(self, directions: trio.CancelScope, done: trio.Event) -> None:
+        """On ``stop``: end both directions; ``run`` then saves the pair and closes, as at the end
+        of a one-shot round. Ends by itself when the round does."""
+        assert self.stop is not None
+        stop = self.stop
+        async with trio.open_nursery() as watch:
+
+            async def round_over() -> None:
+                await done.wait()
+                watch.cancel_scope.cancel()
+
+            watch.start_soon(round_over)
+            await stop.wait()
+            self.stopped = True
+            directions.cancel()
+            if self.sink is not None:
+                # Refuse the `rev`s still coming (the source keeps feeding until we close), so
+                # that nothing is applied after the final save: the copy matches the ledger.
+                self.sink.fail(PeerError(503, "Stopping", "this peer is stopping"))
+            watch.cancel_scope.cancel()
 
     async def _watchdog(self, done: trio.Event) -> None:
         while not done.is_set():

@@ -1,0 +1,491 @@
+"""A node's configuration: a TOML file, ``P2PSYNC_*`` environment variables and command-line
+flags, in that order of increasing precedence, over built-in defaults (docs/operator.md).
+
+Every setting has one *key* (``listen.port``), one environment variable (``P2PSYNC_PORT``)
+and, for the common ones, one flag (``--port``). Each layer is parsed and checked on its own,
+so an error names the layer and the key (``node.toml: listen.port: ...``,
+``P2PSYNC_PORT: ...``, ``--port: ...``); an unknown key in the file is an error too (a typo
+must not be silently ignored). A list given by a higher layer replaces the lower one's (no
+merging: what you see in the highest layer is what runs).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from p2psync.dwn.errors import DwnError
+from p2psync.replication.scope import SyncScope
+
+__all__ = [
+    "CONFIG_ENV",
+    "DEFAULT_HOST",
+    "DEFAULT_METRICS_HOST",
+    "DEFAULT_PORT",
+    "ENV_VARS",
+    "LOG_LEVELS",
+    "ConfigError",
+    "NodeConfig",
+    "StaticPeer",
+    "TenantConfig",
+    "is_loopback",
+    "load_config",
+]
+
+#: Loopback by default: serving a tenant's data to the network is a choice the user makes.
+DEFAULT_HOST: Final = "127.0.0.1"
+#: Couchbase Sync Gateway's public port (see p2psync/cli_sync.py, which serves on it too).
+DEFAULT_PORT: Final = 4984
+#: Metrics are for the operator on this machine unless they choose otherwise.
+DEFAULT_METRICS_HOST: Final = "127.0.0.1"
+#: The environment variable naming the configuration file (``--config`` wins over it).
+CONFIG_ENV: Final = "P2PSYNC_CONFIG"
+#: Log levels the ``log_level`` key takes (Python's, lower case).
+LOG_LEVELS: Final = ("debug", "info", "warning", "error")
+#: DNS-SD instance names are at most 63 octets of UTF-8 (RFC 6763 §4.1.1).
+MAX_NAME_OCTETS: Final = 63
+
+Direction = Literal["pull", "push", "both"]
+DIRECTIONS: Final = ("pull", "push", "both")
+
+
+class ConfigError(Exception):
+    """A configuration value is wrong: ``where`` (the file, ``environment`` or ``command line``),
+    ``key`` (as that layer spells it) and what is wrong. ``str()`` is the one line to print."""
+
+    code: Final = "ConfigInvalid"
+
+    def __init__(self, where: str, key: str, detail: str) -> None:
+        self.where = where
+        self.key = key
+        self.detail = detail
+        super().__init__(f"{where}: {key}: {detail}" if key else f"{where}: {detail}")
+
+
+# --------------------------------------------------------------------------- the settings
+
+
+@dataclass(frozen=True)
+class TenantConfig:
+    """One tenant the node syncs: its DID (None: the node's own), direction and scopes."""
+
+    did: str | None = None
+    direction: Direction = "both"
+    scopes: tuple[SyncScope, ...] = field(default_factory=lambda: (SyncScope.global_scope(),))
+
+
+@dataclass(frozen=True)
+class StaticPeer:
+    """A peer the node always dials: its ``ws://`` URL and the tenants to sync with it (None:
+    every configured tenant)."""
+
+    url: str
+    tenants: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """Everything ``p2psync serve`` runs with (see docs/operator.md for each key)."""
+
+    data_dir: Path | None = None  # None: $P2PSYNC_HOME or the platform's user data directory
+    store: Path | None = None  # None: <data_dir>/store.db
+    name: str | None = None  # advertised instance name; None: the host name
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    discovery: bool | None = None  # None: on unless the node listens on loopback only
+    interfaces: tuple[str, ...] | None = None  # None: the listen address (all when 0.0.0.0)
+    private: bool = False
+    auto: bool = False
+    metrics_port: int | None = None  # None: no metrics endpoint
+    metrics_host: str = DEFAULT_METRICS_HOST
+    log_level: str = "warning"
+    tenants: tuple[TenantConfig, ...] = ()  # empty: the node's own DID, globally, both ways
+    peers: tuple[StaticPeer, ...] = ()
+
+    @property
+    def discovery_enabled(self) -> bool:
+        """Discovery as configured, else on unless listening on loopback: advertising an address
+        nobody else can reach would only mislead peers (and keeps plain ``serve`` as quiet as
+        it always was)."""
+        return self.discovery if self.discovery is not None else not is_loopback(self.host)
+
+    def discovery_interfaces(self) -> list[str] | None:
+        """Addresses zeroconf binds to: configured ones, else the listen address (None: all)."""
+        if self.interfaces is not None:
+            return list(self.interfaces)
+        if self.host in ("0.0.0.0", "::", ""):
+            return None
+        return [self.host]
+
+    def tenants_for(self, own_did: str) -> tuple[TenantConfig, ...]:
+        """The tenants with DIDs filled in (the node's own for ``did`` None, and for an empty
+        list); raises :class:`ConfigError` for a static peer naming a tenant not synced."""
+        tenants = self.tenants or (TenantConfig(),)
+        resolved = tuple(replace(t, did=t.did or own_did) for t in tenants)
+        seen: set[str] = set()
+        for tenant in resolved:
+            assert tenant.did is not None
+            if tenant.did in seen:
+                raise ConfigError("configuration", "tenant", f"{tenant.did} is listed twice")
+            seen.add(tenant.did)
+        for i, peer in enumerate(self.peers):
+            for did in peer.tenants or ():
+                if did not in seen:
+                    raise ConfigError("configuration", f"peer[{i}].tenants",
+                                      f"{did} is not one of the node's tenants")
+        return resolved
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address (or ``localhost``)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+# --------------------------------------------------------------------------- value parsers
+#
+# Each takes the raw value (a TOML value, or text from the environment or a flag) and returns
+# the setting or raises ValueError with what is wrong; the caller adds where and which key.
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"must be a non-empty string, not {value!r}")
+    return value.strip()
+
+
+def _bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off"):
+            return False
+    raise ValueError(f"must be true or false, not {value!r}")
+
+
+def _port(value: Any) -> int:
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    if type(value) is not int or not 0 <= value <= 65535:
+        raise ValueError(f"must be a TCP port 0-65535 (0: any free port), not {value!r}")
+    return value
+
+
+def _host(value: Any) -> str:
+    text = _text(value)
+    if any(c.isspace() for c in text) or "/" in text:
+        raise ValueError(f"must be an IP address or a host name, not {value!r}")
+    return text.strip("[]")
+
+
+def _address(value: Any) -> str:
+    text = _text(value)
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        raise ValueError(f"must be an IP address, not {value!r}") from None
+
+
+def _name(value: Any) -> str:
+    text = _text(value)
+    if len(text.encode()) > MAX_NAME_OCTETS:
+        raise ValueError(f"must be at most {MAX_NAME_OCTETS} bytes (a DNS-SD instance name)")
+    if any(ord(c) < 0x20 or c in ".\x7f" for c in text):
+        # p2psync.discovery refuses these too: tools split service names on dots.
+        raise ValueError(f"must not contain a dot or a control character, not {value!r}")
+    return text
+
+
+def _level(value: Any) -> str:
+    text = _text(value).lower()
+    if text not in LOG_LEVELS:
+        raise ValueError(f"must be one of {', '.join(LOG_LEVELS)}, not {value!r}")
+    return text
+
+
+def _did(value: Any) -> str:
+    text = _text(value)
+    if not text.startswith("did:"):
+        raise ValueError(f"{value!r} is not a DID")
+    return text
+
+
+def _url(value: Any) -> str:
+    from websockets.uri import parse_uri
+
+    text = _text(value)
+    try:
+        uri = parse_uri(text)
+    except Exception as exc:  # InvalidURI, or ValueError for a bad port
+        raise ValueError(f"{text} is not a ws:// URL ({exc})") from None
+    if uri.secure:
+        raise ValueError(f"{text}: wss:// is not supported yet; use ws://")
+    return text
+
+
+def _list(item: Callable[[Any], Any]) -> Callable[[Any], tuple[Any, ...]]:
+    """A list of ``item``: a TOML array, or comma/space-separated text (environment, flags)."""
+
+    def parse(value: Any) -> tuple[Any, ...]:
+        if isinstance(value, str):
+            value = [v for v in value.replace(",", " ").split() if v]
+        if not isinstance(value, list | tuple):
+            raise ValueError(f"must be a list, not {value!r}")
+        return tuple(item(v) for v in value)
+
+    return parse
+
+
+def _path(value: Any) -> Path:
+    return Path(_text(value)).expanduser()
+
+
+def _direction(value: Any) -> Direction:
+    text = _text(value)
+    if text not in DIRECTIONS:
+        raise ValueError(f"must be pull, push or both, not {value!r}")
+    return text  # type: ignore[return-value]  # checked just above
+
+
+def _scope(value: Any) -> SyncScope:
+    """``"global"``, a protocol URL, or ``{protocol, protocol_path_prefixes, context_id_prefixes}``."""
+    try:
+        if value == "global":
+            return SyncScope.global_scope()
+        if isinstance(value, str):
+            return SyncScope.for_protocol(_text(value))
+        if isinstance(value, dict):
+            extra = set(value) - {"protocol", "protocol_path_prefixes", "context_id_prefixes"}
+            if extra:
+                raise ValueError(f"unknown key {sorted(extra)[0]!r} in a scope")
+            paths = _list(_text)(value.get("protocol_path_prefixes", []))
+            contexts = _list(_text)(value.get("context_id_prefixes", []))
+            return SyncScope.subset(_text(value.get("protocol")), paths, contexts)
+    except DwnError as exc:
+        raise ValueError(exc.detail or str(exc)) from None
+    raise ValueError(f"a scope is \"global\", a protocol URL or a table with protocol, not {value!r}")
+
+
+# --------------------------------------------------------------------------- the keys
+
+
+@dataclass(frozen=True)
+class _Key:
+    field: str  # NodeConfig attribute
+    parse: Callable[[Any], Any]
+    env: str | None  # environment variable, if any
+
+
+#: Scalar and list keys by their dotted name in the file (tables ``tenant`` and ``peer`` aside).
+KEYS: Final[dict[str, _Key]] = {
+    "data_dir": _Key("data_dir", _path, "P2PSYNC_HOME"),
+    "store": _Key("store", _path, "P2PSYNC_STORE"),
+    "name": _Key("name", _name, "P2PSYNC_NAME"),
+    "log_level": _Key("log_level", _level, "P2PSYNC_LOG_LEVEL"),
+    "listen.host": _Key("host", _host, "P2PSYNC_HOST"),
+    "listen.port": _Key("port", _port, "P2PSYNC_PORT"),
+    "discovery.enabled": _Key("discovery", _bool, "P2PSYNC_DISCOVERY"),
+    "discovery.interfaces": _Key("interfaces", _list(_address), "P2PSYNC_INTERFACES"),
+    "discovery.private": _Key("private", _bool, "P2PSYNC_PRIVATE"),
+    "discovery.auto": _Key("auto", _bool, "P2PSYNC_AUTO"),
+    "metrics.port": _Key("metrics_port", _port, "P2PSYNC_METRICS_PORT"),
+    "metrics.host": _Key("metrics_host", _host, "P2PSYNC_METRICS_HOST"),
+}
+#: Environment variables of the two lists: whitespace- or comma-separated.
+PEERS_ENV: Final = "P2PSYNC_PEERS"
+TENANTS_ENV: Final = "P2PSYNC_TENANTS"
+#: Every environment variable a node reads, for the docs and ``--help``.
+ENV_VARS: Final = (CONFIG_ENV, *(k.env for k in KEYS.values() if k.env), PEERS_ENV, TENANTS_ENV)
+
+_TABLES: Final = frozenset(k.split(".")[0] for k in KEYS if "." in k)
+_TENANT_KEYS: Final = frozenset({"did", "direction", "scopes"})
+_PEER_KEYS: Final = frozenset({"url", "tenants"})
+
+
+def _typed(parse: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """In a file, numbers and booleans are TOML's own: ``port = "80"`` is a mistake to report
+    (text is for the environment and flags, where everything is text)."""
+    if parse is _port or parse is _bool:
+
+        def strict(value: Any) -> Any:
+            if isinstance(value, str):
+                kind = "an integer" if parse is _port else "true or false"
+                raise ValueError(f"must be {kind} (without quotes), not {value!r}")
+            return parse(value)
+
+        return strict
+    return parse
+
+
+def _check(where: str, key: str, parse: Callable[[Any], Any], value: Any) -> Any:
+    try:
+        return parse(value)
+    except ValueError as exc:
+        raise ConfigError(where, key, str(exc)) from None
+
+
+# --------------------------------------------------------------------------- the layers
+
+
+def _from_file(path: Path) -> dict[str, Any]:
+    """The file's settings as NodeConfig field -> value."""
+    where = str(path)
+    try:
+        with path.open("rb") as f:
+            doc = tomllib.load(f)
+    except OSError as exc:
+        raise ConfigError(where, "", f"cannot read it: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(where, "", f"not valid TOML: {exc}") from None
+    out: dict[str, Any] = {}
+    for top, value in doc.items():
+        if top in _TABLES:
+            if not isinstance(value, dict):
+                raise ConfigError(where, top, "must be a table ([" + top + "])")
+            for sub, inner in value.items():
+                dotted = f"{top}.{sub}"
+                if dotted not in KEYS:
+                    raise ConfigError(where, dotted, "unknown key")
+                out[KEYS[dotted].field] = _check(where, dotted, _typed(KEYS[dotted].parse), inner)
+        elif top == "tenant":
+            out["tenants"] = _tenants(where, value)
+        elif top == "peer":
+            out["peers"] = _peers(where, value)
+        elif top in KEYS:
+            out[KEYS[top].field] = _check(where, top, _typed(KEYS[top].parse), value)
+        else:
+            raise ConfigError(where, top, "unknown key")
+    # Relative paths in a file are relative to the file, not to wherever the node was started.
+    for name in ("data_dir", "store"):
+        if name in out and not out[name].is_absolute():
+            out[name] = path.parent / out[name]
+    return out
+
+
+def _tables(where: str, key: str, value: Any) -> list[dict[str, Any]]:
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        raise ConfigError(where, key, f"must be an array of tables ([[{key}]])")
+    return value
+
+
+def _tenants(where: str, value: Any) -> tuple[TenantConfig, ...]:
+    out = []
+    for i, table in enumerate(_tables(where, "tenant", value)):
+        for name in table:
+            if name not in _TENANT_KEYS:
+                raise ConfigError(where, f"tenant[{i}].{name}", "unknown key")
+        did = _check(where, f"tenant[{i}].did", _did, table["did"]) if "did" in table else None
+        direction = _check(where, f"tenant[{i}].direction", _direction, table.get("direction", "both"))
+        scopes = _check(where, f"tenant[{i}].scopes", _list(_scope), table.get("scopes", ["global"]))
+        if not scopes:
+            raise ConfigError(where, f"tenant[{i}].scopes", "must name at least one scope")
+        if len({s.scope_id for s in scopes}) != len(scopes):
+            raise ConfigError(where, f"tenant[{i}].scopes", "a scope is listed twice")
+        out.append(TenantConfig(did, direction, scopes))
+    return tuple(out)
+
+
+def _peers(where: str, value: Any) -> tuple[StaticPeer, ...]:
+    out = []
+    for i, table in enumerate(_tables(where, "peer", value)):
+        for name in table:
+            if name not in _PEER_KEYS:
+                raise ConfigError(where, f"peer[{i}].{name}", "unknown key")
+        if "url" not in table:
+            raise ConfigError(where, f"peer[{i}].url", "is required")
+        url = _check(where, f"peer[{i}].url", _url, table["url"])
+        tenants = _check(where, f"peer[{i}].tenants", _list(_did), table["tenants"]) if "tenants" in table else None
+        out.append(StaticPeer(url, tenants))
+    _no_duplicate_urls(where, "peer", out)
+    return tuple(out)
+
+
+def _no_duplicate_urls(where: str, key: str, peers: list[StaticPeer]) -> None:
+    urls = [p.url for p in peers]
+    for url in urls:
+        if urls.count(url) > 1:
+            raise ConfigError(where, key, f"{url} is listed twice")
+
+
+def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for spec in KEYS.values():
+        if spec.env is not None and env.get(spec.env, "").strip():
+            out[spec.field] = _check("environment", spec.env, spec.parse, env[spec.env])
+    if env.get(PEERS_ENV, "").strip():
+        urls = _check("environment", PEERS_ENV, _list(_url), env[PEERS_ENV])
+        peers = [StaticPeer(u) for u in urls]
+        _no_duplicate_urls("environment", PEERS_ENV, peers)
+        out["peers"] = tuple(peers)
+    if env.get(TENANTS_ENV, "").strip():
+        dids = _check("environment", TENANTS_ENV, _list(_did), env[TENANTS_ENV])
+        out["tenants"] = tuple(TenantConfig(d) for d in dids)
+    return out
+
+
+#: Flags of ``p2psync serve`` by NodeConfig field (the parser of each is the key's).
+FLAGS: Final[dict[str, tuple[str, Callable[[Any], Any]]]] = {
+    "data_dir": ("--home", _path),
+    "store": ("--store", _path),
+    "name": ("--name", _name),
+    "log_level": ("--log-level", _level),
+    "host": ("--host", _host),
+    "port": ("--port", _port),
+    "discovery": ("--discovery", _bool),
+    "interfaces": ("--interface", _list(_address)),
+    "private": ("--private", _bool),
+    "auto": ("--auto", _bool),
+    "metrics_port": ("--metrics-port", _port),
+    "metrics_host": ("--metrics-host", _host),
+    "peers": ("--peer", _list(_url)),
+}
+
+
+def _from_flags(flags: Mapping[str, Any]) -> dict[str, Any]:
+    """Flags given (None values are flags not given) as NodeConfig field -> value."""
+    out: dict[str, Any] = {}
+    for name, value in flags.items():
+        if value is None:
+            continue
+        if name not in FLAGS:
+            raise ConfigError("command line", name, "not a node setting")
+        flag, parse = FLAGS[name]
+        parsed = _check("command line", flag, parse, value)
+        if name == "peers":
+            peers = [StaticPeer(u) for u in parsed]
+            _no_duplicate_urls("command line", flag, peers)
+            parsed = tuple(peers)
+        out[name] = parsed
+    return out
+
+
+def load_config(
+    path: str | Path | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    flags: Mapping[str, Any] | None = None,
+) -> NodeConfig:
+    """The node's configuration: defaults, then the file (``path``, else ``$P2PSYNC_CONFIG``,
+    else none), then ``env`` (default ``os.environ``), then ``flags`` (NodeConfig field ->
+    value, None for a flag not given). Raises :class:`ConfigError`."""
+    env = os.environ if env is None else env
+    if path is None and env.get(CONFIG_ENV, "").strip():
+        path = env[CONFIG_ENV].strip()
+    values: dict[str, Any] = {}
+    if path is not None:
+        values.update(_from_file(Path(path).expanduser()))
+    values.update(_from_env(env))
+    values.update(_from_flags(flags or {}))
+    return NodeConfig(**values)

@@ -1,0 +1,103 @@
+"""Which links a node keeps: a pure function of its configuration and what it knows now.
+
+A *link* here is one continuous sync the node runs as the active side: one remote node, one
+tenant, one scope (``peer.sync(..., continuous=True)`` with the tenant's direction). The
+planner decides the set; the node (p2psync/node/node.py) starts what is missing and retires
+what is no longer wanted. Keeping the decision free of I/O keeps its rules testable one by one:
+
+1. every static peer is dialed, for each tenant it lists (default: all) and each scope;
+2. a discovered peer is dialed only with ``auto``, only for tenants it ``shares()``, and only
+   by one of the two nodes: the one with the smaller store id, unless the other does not
+   advertise :data:`~p2psync.node.discovery_api.AUTO_CAPABILITY` (it would never dial us);
+3. never a discovered peer that a static link already reaches (same store id, learned from
+   its hello), nor a collection that peer already runs with us from its side (it dials us:
+   the data flows through our passive side), nor ourselves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Set
+from dataclasses import dataclass
+from typing import Literal
+
+from p2psync.node.config import Direction, StaticPeer, TenantConfig
+from p2psync.node.discovery_api import AUTO_CAPABILITY, PeerSeenLike
+from p2psync.replication.scope import SyncScope
+
+__all__ = ["LinkKey", "LinkSpec", "plan_links"]
+
+LinkKey = tuple[str, str, str]  # (remote node, tenant, scopeId)
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """One wanted link: whom to dial (``url``), for which tenant and scope, which way.
+
+    ``remote`` names the remote node: ``sid:<storeId>`` for a discovered peer (its advert says
+    its store id), ``url:<url>`` for a static one (its store id is known only after hello).
+    """
+
+    remote: str
+    tenant: str
+    scope: SyncScope
+    direction: Direction
+    url: str
+    origin: Literal["static", "discovered"]
+    label: str  # the peer's advertised name or the URL, for logs and `peers`
+
+    @property
+    def key(self) -> LinkKey:
+        return (self.remote, self.tenant, self.scope.scope_id)
+
+
+def _wants_dial(own_sid: str, peer: PeerSeenLike) -> bool:
+    """Rule 2: exactly one of two auto nodes dials; a node that never dials is dialed."""
+    capabilities = peer.capabilities or ()
+    if AUTO_CAPABILITY not in capabilities:
+        return True
+    return own_sid < peer.sid
+
+
+def plan_links(
+    tenants: Iterable[TenantConfig],
+    static_peers: Iterable[StaticPeer],
+    discovered: Iterable[PeerSeenLike],
+    *,
+    own_sid: str,
+    auto: bool,
+    static_sids: Set[str] = frozenset(),
+    dialing_us: Mapping[str, Set[tuple[str, str]]] | None = None,
+) -> dict[LinkKey, LinkSpec]:
+    """The links the node should run now (see the module doc for the rules).
+
+    ``tenants`` have their DIDs resolved; ``static_sids``: store ids reached by static links;
+    ``dialing_us``: store id -> ``(tenant, scopeId)`` collections that node runs with us.
+    """
+    tenants = list(tenants)
+    dialing_us = dialing_us or {}
+    out: dict[LinkKey, LinkSpec] = {}
+    for peer in static_peers:
+        for tenant in tenants:
+            assert tenant.did is not None
+            if peer.tenants is not None and tenant.did not in peer.tenants:
+                continue
+            for scope in tenant.scopes:
+                spec = LinkSpec(f"url:{peer.url}", tenant.did, scope, tenant.direction, peer.url, "static", peer.url)
+                out[spec.key] = spec
+    if not auto:
+        return out
+    for seen in discovered:
+        if seen.sid == own_sid or seen.sid in static_sids or not _wants_dial(own_sid, seen):
+            continue
+        theirs = dialing_us.get(seen.sid, frozenset())
+        for tenant in tenants:
+            assert tenant.did is not None
+            if not seen.shares(tenant.did):
+                continue
+            for scope in tenant.scopes:
+                if (tenant.did, scope.scope_id) in theirs:
+                    continue
+                spec = LinkSpec(f"sid:{seen.sid}", tenant.did, scope, tenant.direction, seen.url(), "discovered",
+                                seen.name)
+                out[spec.key] = spec
+    return out

@@ -1,0 +1,279 @@
+"""The node's Prometheus metrics (the RFC's observability names) and their HTTP endpoint.
+
+Two sources:
+
+- the ledger, read at scrape time on the trio thread (the one thread that uses the store's
+  connection): each link's state, failures and checkpoint positions;
+- the peer's hooks (:class:`~p2psync.peer.observer.SyncObserver`) and ledger events, counted
+  in plain integers as they happen (everything runs on the trio thread, so no locks).
+
+prometheus_client provides the metric families and the exposition format; the endpoint is a
+tiny HTTP/1.1 responder on a trio socket (:func:`serve_metrics`) rather than
+prometheus_client's own server thread, because a scrape reads the ledger, and the store's
+SQLite connection must not be used from another thread.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from functools import partial
+from typing import Final
+
+import trio
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from p2psync.dwn.replication_types import DependencyRef
+from p2psync.replication.ledger import Direction, Ledger, LedgerEvent, LinkState, LinkTransition
+from p2psync.replication.scope import SyncScope
+
+__all__ = [
+    "LATENCY_BUCKETS_MS",
+    "METRIC_NAMES",
+    "NodeMetrics",
+    "serve_metrics",
+]
+
+log = logging.getLogger("p2psync.node.metrics")
+
+#: Upper bounds (ms) of the apply latency histogram: a `rev` applies in about a millisecond on
+#: a warm store (docs/benchmarks.md), a closure with fetched dependencies or a large attachment
+#: takes seconds; beyond 10 s something is stuck.
+LATENCY_BUCKETS_MS: Final = (1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0)
+#: A scrape request larger than this is not a scrape (Prometheus sends a few hundred bytes).
+MAX_REQUEST_BYTES: Final = 8192
+#: A client that has not sent its request line and headers in this time is dropped.
+REQUEST_TIMEOUT: Final = 10.0
+
+#: The RFC's metric names (its "Observability Requirements"), as exposed.
+METRIC_NAMES: Final = (
+    "sync_link_state",
+    "sync_checkpoint_pull_received",
+    "sync_checkpoint_pull_contiguous",
+    "sync_checkpoint_push_received",
+    "sync_checkpoint_push_contiguous",
+    "sync_gap_repairs_total",
+    "sync_closure_missing_total",
+    "sync_apply_latency_ms",
+    "sync_inflight_events",
+)
+_LINK_LABELS: Final = ("tenant", "remote", "scope")
+
+
+def scope_label(scope: SyncScope) -> str:
+    """``global``, the protocol URL, or the scopeId of a subset (what an operator recognises)."""
+    if scope.kind == "global":
+        return "global"
+    if scope.kind == "protocol" and scope.protocol is not None:
+        return scope.protocol
+    return scope.scope_id
+
+
+class NodeMetrics:
+    """The metrics of one node: a :class:`~p2psync.peer.observer.SyncObserver` for its peer and
+    a collector over its ledger, in a registry of its own (two nodes in one process do not mix).
+
+    ``node_facts``: called at each scrape for the node's own gauges (links by origin, peers
+    discovered, passive connections), as ``{name: (help, {labels: value})}``.
+    """
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        *,
+        node_facts: Callable[[], dict[str, tuple[str, dict[tuple[tuple[str, str], ...], float]]]] | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.ledger = ledger
+        self.node_facts = node_facts
+        self.clock = clock
+        self.inflight = 0
+        self.gap_repairs = 0
+        self.checkpoint_rewinds = 0
+        self.closure_missing: dict[str, int] = {}
+        self.apply_results: dict[str, int] = {}
+        self.latency_buckets = [0] * (len(LATENCY_BUCKETS_MS) + 1)  # the last one is +Inf
+        self.latency_sum_ms = 0.0
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_Collector(self))
+        self._unlisten = ledger.add_listener(self._on_ledger_event)
+
+    def close(self) -> None:
+        """Stop listening to the ledger."""
+        self._unlisten()
+
+    # -- SyncObserver (called by the peer on its hot path: cheap, never raises) -----------------
+
+    def rev_started(self) -> float:
+        self.inflight += 1
+        return self.clock()
+
+    def rev_finished(self, started: float, kind: str) -> None:
+        self.inflight -= 1
+        ms = (self.clock() - started) * 1000.0
+        self.latency_buckets[bisect.bisect_left(LATENCY_BUCKETS_MS, ms)] += 1
+        self.latency_sum_ms += ms
+        self.apply_results[kind] = self.apply_results.get(kind, 0) + 1
+
+    def dependencies_missing(self, refs: Sequence[DependencyRef]) -> None:
+        for ref in refs:
+            self.closure_missing[ref.type] = self.closure_missing.get(ref.type, 0) + 1
+
+    # -- ledger events ---------------------------------------------------------------------------
+
+    def _on_ledger_event(self, event: LedgerEvent) -> None:
+        # A repair is a link entering `repairing` (a progress gap, a new epoch, a pending-token
+        # overflow, a closure hard-fail): the RFC's gap -> repair -> live cycle.
+        if not isinstance(event, LinkTransition):
+            return
+        if event.kind == "state" and event.state_to == LinkState.REPAIRING:
+            self.gap_repairs += 1
+        elif event.kind == "checkpoint_rewind":
+            self.checkpoint_rewinds += 1  # our checkpoint and the peer's copy disagreed (§4.4)
+
+    # -- exposition ------------------------------------------------------------------------------
+
+    def exposition(self, accept: str | None = None) -> tuple[bytes, str]:
+        """The body and content type of one scrape (text format, or OpenMetrics if accepted)."""
+        encoder, content_type = choose_encoder(accept or "")
+        return encoder(self.registry), content_type
+
+    def families(self) -> Iterator[Metric]:
+        """Every metric family, read now."""
+        yield from self._link_families()
+        repairs = CounterMetricFamily("sync_gap_repairs", "Links that entered repairing (gap, epoch, overflow).")
+        repairs.add_metric([], self.gap_repairs)
+        yield repairs
+        rewinds = CounterMetricFamily("sync_checkpoint_rewinds",
+                                      "Checkpoints rewound to the peer's lower copy at a round's start.")
+        rewinds.add_metric([], self.checkpoint_rewinds)
+        yield rewinds
+        missing = CounterMetricFamily("sync_closure_missing", "Dependencies a closure had to fetch, by class.",
+                                      labels=["class"])
+        for cls, n in sorted(self.closure_missing.items()):
+            missing.add_metric([cls], n)
+        yield missing
+        results = CounterMetricFamily("sync_apply_results", "Answered `rev`s by ReplicationApplyResult kind.",
+                                      labels=["result"])
+        for kind, n in sorted(self.apply_results.items()):
+            results.add_metric([kind], n)
+        yield results
+        yield self._latency_family()
+        inflight = GaugeMetricFamily("sync_inflight_events", "`rev`s received and not yet answered.")
+        inflight.add_metric([], self.inflight)
+        yield inflight
+        if self.node_facts is not None:
+            for name, (help_text, values) in self.node_facts().items():
+                labels = sorted({k for key in values for k, _ in key})
+                family = GaugeMetricFamily(name, help_text, labels=labels)
+                for key, value in values.items():
+                    given = dict(key)
+                    family.add_metric([given.get(k, "") for k in labels], value)
+                yield family
+
+    def _latency_family(self) -> HistogramMetricFamily:
+        buckets: list[tuple[str, float]] = []
+        total = 0
+        for bound, n in zip((*LATENCY_BUCKETS_MS, float("inf")), self.latency_buckets, strict=True):
+            total += n
+            buckets.append(("+Inf" if bound == float("inf") else repr(bound), total))
+        family = HistogramMetricFamily("sync_apply_latency_ms",
+                                       "Time from a `rev`'s arrival to its answer (apply durable), ms.")
+        family.add_metric([], buckets, sum_value=self.latency_sum_ms)
+        return family
+
+    def _link_families(self) -> Iterable[Metric]:
+        state = GaugeMetricFamily("sync_link_state", "1 for the link's current state (one series per state).",
+                                  labels=[*_LINK_LABELS, "state"])
+        failures = GaugeMetricFamily("sync_link_failures", "Consecutive failures of the link (0 when healthy).",
+                                     labels=list(_LINK_LABELS))
+        positions = {
+            (direction, part): GaugeMetricFamily(
+                f"sync_checkpoint_{direction}_{part}",
+                f"{direction} checkpoint: log position of the {part} token (0: none yet).",
+                labels=list(_LINK_LABELS),
+            )
+            for direction in ("pull", "push")
+            for part in ("received", "contiguous")
+        }
+        for link in self.ledger.links():
+            labels = [link.key.tenant, link.key.remote, scope_label(link.scope)]
+            for each in LinkState:
+                state.add_metric([*labels, str(each)], 1.0 if link.state == each else 0.0)
+            failures.add_metric(labels, link.failure_count)
+            for direction in (Direction.PULL, Direction.PUSH):
+                checkpoint, _ = self.ledger.get_checkpoint(link.key, direction)
+                received, contiguous = checkpoint.received_token, checkpoint.contiguous_applied_token
+                positions[(str(direction), "received")].add_metric(labels, 0 if received is None else received.position)
+                positions[(str(direction), "contiguous")].add_metric(
+                    labels, 0 if contiguous is None else contiguous.position)
+        yield state
+        yield failures
+        yield from positions.values()
+
+
+class _Collector(Collector):
+    def __init__(self, metrics: NodeMetrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterable[Metric]:
+        return list(self.metrics.families())
+
+
+# --------------------------------------------------------------------------- the endpoint
+
+
+async def serve_metrics(
+    metrics: NodeMetrics, host: str, port: int, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """Answer ``GET /metrics`` on ``host:port`` until cancelled; reports the bound port."""
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    task_status.started(listeners[0].socket.getsockname()[1])
+    await trio.serve_listeners(partial(_answer, metrics), listeners)
+
+
+async def _read_head(stream: trio.SocketStream) -> bytes | None:
+    data = b""
+    with trio.move_on_after(REQUEST_TIMEOUT):
+        while b"\r\n\r\n" not in data and len(data) <= MAX_REQUEST_BYTES:
+            chunk = await stream.receive_some(4096)
+            if not chunk:
+                return None
+            data += chunk
+        return data if b"\r\n\r\n" in data else None
+    return None
+
+
+async def _answer(metrics: NodeMetrics, stream: trio.SocketStream) -> None:
+    try:
+        head = await _read_head(stream)
+        if head is None:
+            return
+        lines = head.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")
+        method, _, rest = lines[0].partition(" ")
+        path = rest.split(" ", 1)[0].split("?", 1)[0]
+        headers = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in lines[1:])}
+        if method not in ("GET", "HEAD"):
+            status, body, ctype = "405 Method Not Allowed", b"GET /metrics\n", "text/plain; charset=utf-8"
+        elif path == "/metrics":
+            try:
+                body, ctype = metrics.exposition(headers.get("accept"))
+                status = "200 OK"
+            except Exception:  # a broken scrape must not end the endpoint; say so in the log
+                log.exception("metrics scrape failed")
+                status, body, ctype = "500 Internal Server Error", b"scrape failed\n", "text/plain; charset=utf-8"
+        elif path == "/":
+            status, body, ctype = "200 OK", b"p2psync node: metrics at /metrics\n", "text/plain; charset=utf-8"
+        else:
+            status, body, ctype = "404 Not Found", b"not found; try /metrics\n", "text/plain; charset=utf-8"
+        response = (f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+                    "Connection: close\r\n\r\n").encode("latin-1")
+        await stream.send_all(response + (b"" if method == "HEAD" else body))
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        pass  # the client went away; nothing to tell it
+    finally:
+        await stream.aclose()

@@ -1,0 +1,568 @@
+"""The long-running node: serve, advertise, and keep continuous sync with the right peers.
+
+``Node(config, store, identity)`` runs, until :meth:`Node.stop` (a graceful stop) or
+cancellation (an abrupt one):
+
+- the passive side (``Peer.serve``) on the configured address;
+- discovery (when on): advertises this node and watches for others;
+- one continuous sync (*link*) per wanted (remote node, tenant, scope), as decided by
+  :func:`~p2psync.node.links.plan_links`; each link reconnects with its own backoff (the
+  peer's, per ledger link) and, when the peer refuses or cannot be reached at all, the node's
+  (per node link, :data:`LINK_RETRY_CAP` at most);
+- the metrics endpoint (when a port is configured);
+- a status file (when a path is given) that ``p2psync peers`` reads.
+
+A graceful stop leaves discovery (peers notice at once), asks every connected link to end its
+round (it saves the checkpoint pair on both sides, as a one-shot sync does at its end), cancels
+the others, stops serving, commits what the group committer holds and returns. The store stays
+open: its owner closes it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import random
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Final
+
+import trio
+
+from p2psync import blip
+from p2psync.dwn.did import Identity
+from p2psync.dwn.store import Store
+from p2psync.node.config import NodeConfig, TenantConfig
+from p2psync.node.discovery_api import AUTO_CAPABILITY, AdvertInfo, DiscoveryFactory, DiscoveryLike, PeerSeenLike
+from p2psync.node.links import LinkKey, LinkSpec, plan_links
+from p2psync.node.metrics import NodeMetrics, scope_label, serve_metrics
+from p2psync.peer.committer import StoreUnavailable
+from p2psync.peer.peer import Peer
+from p2psync.peer.wire import APP_ID
+from p2psync.replication.ledger import retry_delay
+
+__all__ = ["GONE_GRACE", "LINK_RETRY_CAP", "SHUTDOWN_GRACE", "Link", "Node", "NodeError", "peer_json"]
+
+log = logging.getLogger("p2psync.node")
+
+#: How long a discovered peer that left keeps its links. mDNS says "gone" on a goodbye packet
+#: or when its records expire; a node restarting (a few seconds) or a laptop roaming between
+#: access points says goodbye and comes back well within a minute, and its links then keep
+#: their connection state and backoff instead of starting over. Past it, a peer that really
+#: left stops costing reconnect attempts. Ours.
+GONE_GRACE: Final = 60.0
+#: How long a graceful stop waits for connected links to save their checkpoints and close:
+#: a save is one `setCheckpoint` round trip after a commit, milliseconds on a LAN; 5 s leaves
+#: room for a slow disk or a busy peer and still stops before a service manager's SIGKILL
+#: (systemd waits 90 s by default).
+SHUTDOWN_GRACE: Final = 5.0
+#: Between two looks at what links are wanted, with nothing happening (a static link's store id
+#: learned from its hello, a passive connection from a peer arriving). Ours: cheap, and soon.
+RECONCILE_INTERVAL: Final = 1.0
+#: The node's own backoff after a link's sync gave up (a refusal, a failed hello, a peer not
+#: a p2psync node): the ledger's schedule (1 s doubling), capped at 5 minutes like it.
+LINK_RETRY_CAP: Final = retry_delay(1_000).total_seconds()
+#: The status file is rewritten at most this often (it changes with every link state change).
+STATUS_INTERVAL: Final = 1.0
+
+
+class NodeError(Exception):
+    """The node cannot start (``code``: ``ListenFailed``, ``MetricsListenFailed``); one line."""
+
+    def __init__(self, code: str, detail: str) -> None:
+        self.code = code
+        self.detail = detail
+        super().__init__(detail)
+
+
+@dataclass(eq=False)
+class Link:
+    """A running link: its spec, the connection of its current round, and its failures."""
+
+    spec: LinkSpec
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    stop: trio.Event = field(default_factory=trio.Event)
+    done: trio.Event = field(default_factory=trio.Event)
+    conn: blip.Connection | None = None
+    remote_sid: str | None = None
+    failures: int = 0  # consecutive failed attempts; 0 again once a round has caught up
+    last_error: str | None = None
+    last_exc: BaseException | None = field(default=None, repr=False)
+
+    def to_json(self) -> dict[str, Any]:
+        spec = self.spec
+        return {"peer": spec.label, "url": spec.url, "origin": spec.origin, "tenant": spec.tenant,
+                "scope": scope_label(spec.scope), "direction": spec.direction, "connected": self.conn is not None,
+                "storeId": self.remote_sid, "failures": self.failures, "lastError": self.last_error}
+
+
+@dataclass
+class _Seen:
+    peer: PeerSeenLike
+    gone_at: float | None = None  # trio time of its PeerGone; None while present
+
+
+class Node:
+    """A p2psync node over ``store`` proving ``identity`` (see the module doc); it runs once.
+
+    ``discovery``: builds the discovery service (default: mDNS, p2psync.discovery); only
+    called when the configuration turns discovery on. ``status_path``: where to keep the
+    status file. ``gone_grace``: :data:`GONE_GRACE` (tests shorten it).
+    """
+
+    def __init__(
+        self,
+        config: NodeConfig,
+        store: Store,
+        identity: Identity,
+        *,
+        discovery: DiscoveryFactory | None = None,
+        status_path: Path | None = None,
+        gone_grace: float = GONE_GRACE,
+        shutdown_grace: float = SHUTDOWN_GRACE,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.identity = identity
+        self.tenants: tuple[TenantConfig, ...] = config.tenants_for(identity.did)
+        self.peer = Peer(store, identity)
+        self.metrics = NodeMetrics(self.peer.ledger, node_facts=self._facts)
+        self.peer.metrics = self.metrics
+        self.store_id = self.peer.store_id
+        self.status_path = status_path
+        self.gone_grace = gone_grace
+        self.shutdown_grace = shutdown_grace
+        self._discovery_factory = discovery
+        self._rng = rng or random.Random()
+        self.server: blip.BlipServer | None = None
+        self.url: str | None = None
+        self.metrics_port: int | None = None
+        self.discovery: DiscoveryLike | None = None
+        self.links: dict[LinkKey, Link] = {}
+        self.seen: dict[str, _Seen] = {}
+        self.static_sids: dict[str, str] = {}  # url -> store id learned from hello
+        self.stopped_links = 0  # links that ended their round with checkpoints saved, at stop
+        self._stop = trio.Event()
+        self._wake = trio.Event()
+        self._retiring: set[Link] = set()
+        self._link_nursery: trio.Nursery | None = None
+        self._server_scope = trio.CancelScope()
+        self._served = trio.Event()
+        self._discovery_scope = trio.CancelScope()
+        self._status_dirty = True
+        self._started_at = datetime.now(UTC)
+
+    # -- public -------------------------------------------------------------------------------
+
+    @property
+    def did(self) -> str:
+        return self.identity.did
+
+    @property
+    def metrics_url(self) -> str | None:
+        if self.metrics_port is None:
+            return None
+        host = self.config.metrics_host
+        return f"http://{f'[{host}]' if ':' in host else host}:{self.metrics_port}/metrics"
+
+    def stop(self) -> None:
+        """Ask for a graceful stop (:meth:`run` returns once done)."""
+        self._stop.set()
+
+    def discovered(self) -> list[PeerSeenLike]:
+        """Discovered peers, present or within their grace period."""
+        return [s.peer for s in self.seen.values()]
+
+    def status(self) -> dict[str, Any]:
+        """What the status file holds: this node, the peers it sees and its links."""
+        now = trio.current_time()
+        return {
+            "pid": os.getpid(),
+            "did": self.did,
+            "storeId": self.store_id,
+            "url": self.url,
+            "metrics": self.metrics_url,
+            "startedAt": self._started_at.isoformat(),
+            "updatedAt": datetime.now(UTC).isoformat(),
+            "peers": [dict(peer_json(s.peer), goneFor=None if s.gone_at is None else round(now - s.gone_at, 1))
+                      for s in self.seen.values()],
+            "links": [link.to_json() for link in self.links.values()],
+        }
+
+    async def run(self, *, task_status: trio.TaskStatus[Node] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run the node until :meth:`stop` (graceful) or cancellation; reports itself once it
+        listens. Raises :class:`NodeError` when it cannot listen."""
+        try:
+            async with trio.open_nursery() as nursery:
+                await self._start(nursery)
+                task_status.started(self)
+                await self._stop.wait()
+                await self._shutdown()
+                nursery.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            alone: BaseException = group
+            while isinstance(alone, BaseExceptionGroup) and len(alone.exceptions) == 1:
+                alone = alone.exceptions[0]
+            if isinstance(alone, NodeError):
+                raise alone from None
+            raise
+        finally:
+            self.metrics.close()
+            if self.status_path is not None:
+                with contextlib.suppress(OSError):
+                    self.status_path.unlink()
+
+    # -- start ----------------------------------------------------------------------------------
+
+    async def _start(self, nursery: trio.Nursery) -> None:
+        config = self.config
+        try:
+            self.server = await nursery.start(self._serve)
+        except OSError as exc:
+            raise NodeError("ListenFailed", f"cannot listen on {config.host}:{config.port}: "
+                                            f"{exc.strerror or exc}") from None
+        assert self.server is not None
+        from p2psync.cli_sync import ws_url
+
+        self.url = ws_url(config.host, self.server.port)
+        if config.metrics_port is not None:
+            try:
+                self.metrics_port = await nursery.start(serve_metrics, self.metrics, config.metrics_host,
+                                                        config.metrics_port)
+            except OSError as exc:
+                raise NodeError("MetricsListenFailed", f"cannot serve metrics on {config.metrics_host}:"
+                                                       f"{config.metrics_port}: {exc.strerror or exc}") from None
+        self._link_nursery = await nursery.start(_hold_nursery)
+        if config.discovery_enabled:
+            await nursery.start(self._run_discovery)
+        nursery.start_soon(self._reconciler)
+        if self.status_path is not None:
+            nursery.start_soon(self._status_writer)
+
+    async def _serve(self, *, task_status: trio.TaskStatus[blip.BlipServer] = trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            with self._server_scope:
+                await self.peer.serve(self.config.host, self.config.port, task_status=task_status)
+        finally:
+            self._served.set()
+
+    def advert(self) -> AdvertInfo:
+        """What discovery announces about this node."""
+        assert self.server is not None
+        return AdvertInfo(
+            did=self.did, sid=self.store_id, port=self.server.port,
+            tenants=tuple(t.did for t in self.tenants if t.did is not None), private=self.config.private,
+            name=self.config.name, capabilities=(AUTO_CAPABILITY,) if self.config.auto else (),
+        )
+
+    async def _run_discovery(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        factory = self._discovery_factory
+        if factory is None:
+            from p2psync.node.discovery_api import zeroconf_discovery
+
+            factory = zeroconf_discovery
+        try:
+            discovery = self.discovery = factory(self.advert(), self.config.discovery_interfaces())
+        except Exception as exc:  # DiscoveryError: an advert that cannot be published
+            raise NodeError("DiscoveryFailed", f"cannot advertise this node: {exc}") from None
+        started = False
+        try:
+            with self._discovery_scope:
+                async with trio.open_nursery() as nursery:
+                    events = discovery.subscribe()
+                    try:
+                        await nursery.start(discovery.run)
+                    except Exception as exc:  # DiscoveryError BindFailed, OSError
+                        raise NodeError("DiscoveryFailed", f"cannot start discovery: {exc} "
+                                                           "(or run with --no-discovery)") from None
+                    started = True
+                    task_status.started()
+                    while True:
+                        for seen in _listed(discovery.peers()):
+                            self._on_seen(seen)
+                        async with events:
+                            async for event in events:
+                                if isinstance(event, PeerSeenLike):
+                                    self._on_seen(event)
+                                else:
+                                    self._on_gone(event.sid)
+                        # The channel ends when we fell too far behind: re-read the table, go on.
+                        await trio.sleep(0)
+                        events = discovery.subscribe()
+        except Exception as exc:
+            if not started:
+                raise
+            # Serving and static peers go on without it; say so once, loudly.
+            log.error("discovery stopped: %s; static peers and incoming connections go on", exc)
+            self.seen.clear()
+            self._poke()
+
+    def _on_seen(self, peer: PeerSeenLike) -> None:
+        if peer.sid == self.store_id:
+            return  # our own advert
+        known = self.seen.get(peer.sid)
+        if known is None:
+            log.info("found %s (%s) at %s", peer.name, peer.did, peer.url())
+        self.seen[peer.sid] = _Seen(peer)
+        self._poke()
+
+    def _on_gone(self, sid: str) -> None:
+        known = self.seen.get(sid)
+        if known is not None and known.gone_at is None:
+            log.info("%s left; its links end in %.0f s unless it comes back", known.peer.name, self.gone_grace)
+            known.gone_at = trio.current_time()
+            self._poke()
+
+    def _poke(self) -> None:
+        self._status_dirty = True
+        self._wake.set()
+
+    # -- links ------------------------------------------------------------------------------------
+
+    async def _reconciler(self) -> None:
+        while True:
+            self._reconcile()
+            self._wake = trio.Event()
+            with trio.move_on_after(self._next_look()):
+                await self._wake.wait()
+
+    def _next_look(self) -> float:
+        now = trio.current_time()
+        delay = RECONCILE_INTERVAL
+        for seen in self.seen.values():
+            if seen.gone_at is not None:
+                delay = min(delay, max(0.0, seen.gone_at + self.gone_grace - now))
+        return delay
+
+    def _dialing_us(self) -> dict[str, set[tuple[str, str]]]:
+        """Collections other nodes run with us from their side (their hello names them)."""
+        out: dict[str, set[tuple[str, str]]] = {}
+        for conn in list(self.server.connections if self.server is not None else ()):
+            session = self.peer.session_for(conn, active=False)
+            if session.theirs is None:
+                continue
+            for coll in session.collections:
+                if coll is not None:
+                    out.setdefault(session.theirs.store_id, set()).add((coll.tenant, coll.scope.scope_id))
+        return out
+
+    def _reconcile(self) -> None:
+        """Start the links wanted and not running; retire those running and no longer wanted."""
+        if self._stop.is_set():
+            return  # stopping: the links are being ended, none may start
+        now = trio.current_time()
+        for sid, seen in list(self.seen.items()):
+            if seen.gone_at is not None and now >= seen.gone_at + self.gone_grace:
+                del self.seen[sid]
+                self._status_dirty = True
+        for link in self.links.values():
+            if link.conn is None:
+                continue
+            session = self.peer.session_for(link.conn, active=True)
+            if link.spec.origin == "static" and link.remote_sid is None and session.theirs is not None:
+                link.remote_sid = self.static_sids[link.spec.url] = session.theirs.store_id
+            feeds = [s.caught_up for s in session.sinks.values()] + [s.caught_up for s in session.sources.values()]
+            if link.failures and any(caught_up.is_set() for caught_up in feeds):
+                link.failures = 0  # healthy again: a round caught up
+                self._status_dirty = True
+        wanted = plan_links(
+            self.tenants, self.config.peers, [s.peer for s in self.seen.values()], own_sid=self.store_id,
+            auto=self.config.auto, static_sids=frozenset(self.static_sids.values()), dialing_us=self._dialing_us(),
+        )
+        for key, link in list(self.links.items()):
+            spec = wanted.get(key)
+            if spec is None or spec.url != link.spec.url or spec.direction != link.spec.direction:
+                log.info("link to %s for %s (%s) no longer wanted", link.spec.label, link.spec.tenant,
+                         scope_label(link.spec.scope))
+                del self.links[key]
+                self._retire(link, self.shutdown_grace)
+        for key, spec in wanted.items():
+            if key not in self.links:
+                self._start_link(spec)
+
+    def _start_link(self, spec: LinkSpec) -> None:
+        assert self._link_nursery is not None
+        link = self.links[spec.key] = Link(spec)
+        if spec.origin == "discovered":
+            link.remote_sid = spec.remote.removeprefix("sid:")
+        log.info("link to %s for %s (%s, %s)", spec.label, spec.tenant, scope_label(spec.scope), spec.direction)
+        self._link_nursery.start_soon(self._run_link, link)
+        self._status_dirty = True
+
+    def _retire(self, link: Link, grace: float) -> None:
+        """End ``link``: a connected one saves its checkpoints first (up to ``grace`` s)."""
+        assert self._link_nursery is not None
+        self._status_dirty = True
+        if link.conn is None:
+            link.scope.cancel()
+            return
+        link.stop.set()
+        self._retiring.add(link)
+        self._link_nursery.start_soon(_cancel_after, link, grace)
+
+    @asynccontextmanager
+    async def _connect(self, link: Link, handlers: dict[str, Any]) -> AsyncIterator[blip.Connection]:
+        """``blip.connect`` that tells the node which connection a link's round runs on, and
+        sees every attempt's failure (the peer's reconnect loop retries most by itself)."""
+        try:
+            async with blip.connect(link.spec.url, app_id=APP_ID, handlers=handlers) as conn:
+                link.conn = conn
+                self._poke()
+                try:
+                    yield conn
+                finally:
+                    link.conn = None
+                    self._status_dirty = True
+        except Exception as exc:
+            if not link.stop.is_set():  # a connection ending while we stop is no failure
+                self._note_failure(link, exc)
+            raise
+
+    def _note_failure(self, link: Link, exc: BaseException) -> None:
+        """Count one failed attempt of ``link`` and keep its one-line reason (logged when new)."""
+        from p2psync.cli_sync import describe_failure
+
+        if exc is link.last_exc:
+            return  # seen on its way out of the connection already
+        link.last_exc = exc
+        link.failures += 1
+        line = describe_failure(exc, link.spec.url)
+        if line is None:
+            log.error("link to %s failed unexpectedly", link.spec.label, exc_info=exc)
+            line = f"{type(exc).__name__}: {exc}"
+        elif line != link.last_error:
+            log.warning("%s (%s, %s)", line, link.spec.tenant, scope_label(link.spec.scope))
+        link.last_error = line
+        self._status_dirty = True
+
+    async def _run_link(self, link: Link) -> None:
+        spec = link.spec
+        try:
+            with link.scope:
+                while not link.stop.is_set():
+                    try:
+                        await self.peer.sync(
+                            lambda handlers: self._connect(link, handlers), tenant=spec.tenant, scope=spec.scope,
+                            direction=spec.direction, continuous=True, stop=link.stop,
+                        )
+                        if self._stop.is_set():
+                            self.stopped_links += 1  # ended its round with the pair saved
+                        return
+                    except Exception as exc:  # a link recovers by itself; the node goes on
+                        if link.stop.is_set():
+                            return
+                        await self._link_failed(link, exc)
+        finally:
+            link.done.set()
+            self._retiring.discard(link)
+
+    async def _link_failed(self, link: Link, exc: Exception) -> None:
+        """The peer's sync gave up (a refusal, a failed hello): wait, then the link starts over."""
+        self._note_failure(link, exc)
+        delay = min(retry_delay(link.failures).total_seconds(), LINK_RETRY_CAP)
+        delay *= 0.5 + self._rng.random() / 2  # equal jitter, as the peer's own backoff
+        log.info("link to %s: retrying in %.0f s", link.spec.label, delay)
+        await trio.sleep(delay)
+
+    # -- stop -------------------------------------------------------------------------------------
+
+    async def _shutdown(self) -> None:
+        """Leave discovery, end the links (saving checkpoints), stop serving, commit.
+
+        Links end before the listener closes: when two nodes that dial each other stop at
+        once, each one's final ``setCheckpoint`` still finds the other's passive side open.
+        """
+        log.info("stopping: %d link(s)", len(self.links))
+        self._discovery_scope.cancel()
+        links = [*self.links.values(), *self._retiring]
+        self.links.clear()
+        with trio.move_on_after(self.shutdown_grace):
+            for link in links:
+                if link.conn is None:
+                    link.scope.cancel()
+                else:
+                    link.stop.set()
+            for link in links:
+                await link.done.wait()
+        for link in links:
+            link.scope.cancel()
+        self._server_scope.cancel()
+        with trio.move_on_after(self.shutdown_grace):
+            await self._served.wait()  # its connections' last applies commit on the way out
+        try:
+            self.peer.committer.flush()
+        except StoreUnavailable as exc:  # nothing more to lose: what was committed stays
+            log.error("the last commit failed: %s", exc)
+
+    # -- status and metrics -----------------------------------------------------------------------
+
+    async def _status_writer(self) -> None:
+        assert self.status_path is not None
+        while True:
+            if self._status_dirty:
+                self._status_dirty = False
+                _write_json(self.status_path, self.status())
+            await trio.sleep(STATUS_INTERVAL)
+
+    def _facts(self) -> dict[str, tuple[str, dict[tuple[tuple[str, str], ...], float]]]:
+        links: dict[tuple[tuple[str, str], ...], float] = {}
+        for origin in ("static", "discovered"):
+            for connected in ("true", "false"):
+                links[(("connected", connected), ("origin", origin))] = 0
+        for link in self.links.values():
+            key = (("connected", "true" if link.conn is not None else "false"), ("origin", link.spec.origin))
+            links[key] += 1
+        passive = len(self.server.connections) if self.server is not None else 0
+        return {
+            "sync_node_links": ("Links this node runs, by origin and whether connected now.", links),
+            "sync_discovered_peers": ("Peers discovery sees (those gone within their grace included).",
+                                      {(): len(self.seen)}),
+            "sync_passive_connections": ("Connections other nodes opened to this one.", {(): passive}),
+        }
+
+
+def _listed(peers: Any) -> list[PeerSeenLike]:
+    """``Discovery.peers()`` as a list (a table by name is accepted too)."""
+    return list(peers.values() if isinstance(peers, dict) else peers)
+
+
+def peer_json(peer: PeerSeenLike) -> dict[str, Any]:
+    """A discovered peer as ``p2psync peers --json`` and the status file show it."""
+    last_seen = peer.last_seen
+    if isinstance(last_seen, datetime):
+        last_seen = last_seen.isoformat()
+    return {
+        "name": peer.name, "url": peer.url(), "addresses": list(peer.addresses), "port": peer.port,
+        "did": peer.did, "storeId": peer.sid, "tenants": None if peer.tenants_hashed else sorted(peer.tenants),
+        "private": bool(peer.tenants_hashed), "capabilities": sorted(peer.capabilities or ()), "lastSeen": last_seen,
+    }
+
+
+def _write_json(path: Path, value: Any) -> None:
+    """Replace ``path`` atomically (a reader never sees half a file)."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(json.dumps(value, indent=2) + "\n")
+        os.replace(tmp, path)
+    except OSError as exc:
+        log.warning("cannot write %s: %s", path, exc.strerror or exc)
+
+
+async def _hold_nursery(*, task_status: trio.TaskStatus[trio.Nursery] = trio.TASK_STATUS_IGNORED) -> None:
+    """A nursery for tasks started later (links), open until cancelled."""
+    async with trio.open_nursery() as nursery:
+        task_status.started(nursery)
+        await trio.sleep_forever()
+
+
+async def _cancel_after(link: Link, grace: float) -> None:
+    with trio.move_on_after(grace):
+        await link.done.wait()
+    link.scope.cancel()
+

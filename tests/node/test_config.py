@@ -1,0 +1,169 @@
+"""The node's configuration: the example file parses, precedence (flags > environment > file >
+defaults), and every wrong value is one line naming its key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from p2psync.node.config import (
+    DEFAULT_HOST,
+    DEFAULT_PORT,
+    ENV_VARS,
+    ConfigError,
+    NodeConfig,
+    StaticPeer,
+    TenantConfig,
+    load_config,
+)
+from p2psync.replication.scope import SyncScope
+
+ROOT = Path(__file__).resolve().parents[2]
+DID_A = "did:key:z6MkexampleA"
+DID_B = "did:key:z6MkexampleB"
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "node.toml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_are_todays_serve() -> None:
+    config = load_config(env={})
+    assert config == NodeConfig()
+    assert (config.host, config.port) == (DEFAULT_HOST, DEFAULT_PORT) == ("127.0.0.1", 4984)
+    assert not config.discovery_enabled  # loopback: nothing to advertise
+    assert config.metrics_port is None and not config.auto and not config.peers
+    [tenant] = config.tenants_for(DID_A)
+    assert tenant == TenantConfig(DID_A, "both", (SyncScope.global_scope(),))
+
+
+def test_the_documented_example_parses() -> None:
+    config = load_config(ROOT / "docs" / "examples" / "node.toml", env={})
+    assert config.host == "0.0.0.0" and config.port == 4984
+    assert config.discovery_enabled and config.auto and not config.private
+    assert config.metrics_port == 9484 and config.metrics_host == "127.0.0.1"
+    assert config.discovery_interfaces() is None  # 0.0.0.0: every interface
+    assert [t.direction for t in config.tenants] == ["both", "pull"]
+    assert config.tenants[0].did is None  # the node's own
+    assert config.tenants[1].scopes[0] == SyncScope.for_protocol("https://example.org/protocols/notes")
+    assert [p.url for p in config.peers] == ["ws://192.168.1.20:4984/_p2psync"]
+
+
+def test_precedence_flags_over_environment_over_file(tmp_path: Path) -> None:
+    path = write(tmp_path, f"""
+data_dir = "data"
+log_level = "info"
+[listen]
+host = "10.0.0.5"
+port = 5000
+[discovery]
+auto = true
+private = true
+[metrics]
+port = 9000
+[[peer]]
+url = "ws://10.0.0.6:4984/_p2psync"
+[[tenant]]
+did = "{DID_A}"
+""")
+    from_file = load_config(path, env={})
+    assert from_file.host == "10.0.0.5" and from_file.port == 5000 and from_file.metrics_port == 9000
+    assert from_file.data_dir == tmp_path / "data"  # relative to the file
+    assert from_file.discovery_enabled and from_file.discovery_interfaces() == ["10.0.0.5"]
+    env = {"P2PSYNC_PORT": "6000", "P2PSYNC_AUTO": "off", "P2PSYNC_PEERS": "ws://10.0.0.7:1/x, ws://10.0.0.8:1/x",
+           "P2PSYNC_TENANTS": DID_B, "P2PSYNC_HOME": "/srv/p2p", "P2PSYNC_LOG_LEVEL": "debug"}
+    from_env = load_config(path, env=env)
+    assert from_env.port == 6000 and not from_env.auto and from_env.private  # the file's, not overridden
+    assert [p.url for p in from_env.peers] == ["ws://10.0.0.7:1/x", "ws://10.0.0.8:1/x"]  # replaced, not merged
+    assert from_env.tenants == (TenantConfig(DID_B),) and from_env.data_dir == Path("/srv/p2p")
+    assert from_env.log_level == "debug"
+    flags = {"port": "7000", "auto": True, "peers": ["ws://10.0.0.9:1/x"], "host": None, "private": False,
+             "discovery": False}
+    from_flags = load_config(path, env=env, flags=flags)
+    assert from_flags.port == 7000 and from_flags.auto and not from_flags.private
+    assert from_flags.host == "10.0.0.5"  # a flag not given leaves the lower layers' value
+    assert from_flags.peers == (StaticPeer("ws://10.0.0.9:1/x"),)
+    assert not from_flags.discovery_enabled
+
+
+def test_config_file_from_the_environment(tmp_path: Path) -> None:
+    path = write(tmp_path, "[listen]\nport = 4321\n")
+    assert load_config(env={"P2PSYNC_CONFIG": str(path)}).port == 4321
+    assert load_config(write(tmp_path, ""), env={"P2PSYNC_CONFIG": "/nonexistent"}).port == DEFAULT_PORT
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[listen]\nhots = 'x'\n", "node.toml: listen.hots: unknown key"),
+        ("colour = 'blue'\n", "node.toml: colour: unknown key"),
+        ("[listen]\nport = 70000\n", "node.toml: listen.port: must be a TCP port 0-65535"),
+        ("[listen]\nport = '80'\n", "node.toml: listen.port: must be an integer (without quotes)"),
+        ("[discovery]\nauto = 'yes please'\n", "node.toml: discovery.auto: must be true or false"),
+        ("[discovery]\ninterfaces = ['eth0']\n", "node.toml: discovery.interfaces: must be an IP address"),
+        ("log_level = 'loud'\n", "node.toml: log_level: must be one of debug, info, warning, error"),
+        ("name = '" + "x" * 64 + "'\n", "node.toml: name: must be at most 63 bytes"),
+        ("listen = 5\n", "node.toml: listen: must be a table"),
+        ("[[tenant]]\ndid = 'alice'\n", "node.toml: tenant[0].did: 'alice' is not a DID"),
+        ("[[tenant]]\ndirection = 'sideways'\n", "node.toml: tenant[0].direction: must be pull, push or both"),
+        ("[[tenant]]\nscopes = []\n", "node.toml: tenant[0].scopes: must name at least one scope"),
+        ("[[tenant]]\nscopes = ['global', 'global']\n", "node.toml: tenant[0].scopes: a scope is listed twice"),
+        ("[[tenant]]\nscopes = [{ protocol = 'https://x.org/p', depth = 2 }]\n",
+         "node.toml: tenant[0].scopes: unknown key 'depth' in a scope"),
+        ("[[tenant]]\ncolour = 1\n", "node.toml: tenant[0].colour: unknown key"),
+        ("[[peer]]\ntenants = []\n", "node.toml: peer[0].url: is required"),
+        ("[[peer]]\nurl = 'http://x:1/'\n", "node.toml: peer[0].url: http://x:1/ is not a ws:// URL"),
+        ("[[peer]]\nurl = 'wss://x:1/'\n", "node.toml: peer[0].url: wss://x:1/: wss:// is not supported yet"),
+        ("[[peer]]\nurl = 'ws://x:1/'\n[[peer]]\nurl = 'ws://x:1/'\n", "node.toml: peer: ws://x:1/ is listed twice"),
+        ("tenant = 3\n", "node.toml: tenant: must be an array of tables ([[tenant]])"),
+        ("[listen\n", "node.toml: not valid TOML"),
+    ],
+)
+def test_file_errors_name_the_key(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, text), env={})
+    assert str(info.value).startswith(f"{tmp_path}/{message}"), str(info.value)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"P2PSYNC_PORT": "http"}, "environment: P2PSYNC_PORT: must be a TCP port"),
+        ({"P2PSYNC_DISCOVERY": "maybe"}, "environment: P2PSYNC_DISCOVERY: must be true or false"),
+        ({"P2PSYNC_PEERS": "ws://a:1/ ftp://b/"}, "environment: P2PSYNC_PEERS: ftp://b/ is not a ws:// URL"),
+        ({"P2PSYNC_TENANTS": "did:x:1,bob"}, "environment: P2PSYNC_TENANTS: 'bob' is not a DID"),
+        ({"P2PSYNC_METRICS_PORT": "-1"}, "environment: P2PSYNC_METRICS_PORT: must be a TCP port"),
+    ],
+)
+def test_environment_errors_name_the_variable(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match="^" + message.replace("(", r"\(")):
+        load_config(env=env)
+
+
+def test_flag_errors_name_the_flag_and_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"^command line: --metrics-port: must be a TCP port"):
+        load_config(env={}, flags={"metrics_port": "lots"})
+    with pytest.raises(ConfigError, match=r"^command line: --peer: ws://a:1/ is listed twice"):
+        load_config(env={}, flags={"peers": ["ws://a:1/", "ws://a:1/"]})
+    with pytest.raises(ConfigError, match=r"nope\.toml: cannot read it: No such file"):
+        load_config(tmp_path / "nope.toml", env={})
+
+
+def test_tenants_resolve_and_static_peers_must_name_synced_tenants() -> None:
+    config = NodeConfig(tenants=(TenantConfig(), TenantConfig(DID_B, "pull")),
+                        peers=(StaticPeer("ws://x:1/", (DID_B,)),))
+    assert [t.did for t in config.tenants_for(DID_A)] == [DID_A, DID_B]
+    with pytest.raises(ConfigError, match=r"tenant: did:key:z6MkexampleA is listed twice"):
+        NodeConfig(tenants=(TenantConfig(), TenantConfig(DID_A))).tenants_for(DID_A)
+    with pytest.raises(ConfigError, match=r"peer\[0\]\.tenants: did:key:z6MkexampleB is not one of the node's"):
+        NodeConfig(peers=(StaticPeer("ws://x:1/", (DID_B,)),)).tenants_for(DID_A)
+
+
+def test_every_environment_variable_is_documented() -> None:
+    guide = (ROOT / "docs" / "operator.md").read_text()
+    for name in ENV_VARS:
+        assert f"`{name}`" in guide, name

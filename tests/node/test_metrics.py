@@ -1,0 +1,66 @@
+"""NodeMetrics on its own: the hooks' counters, ledger events, and the exposition format."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from p2psync.dwn.replication_types import Grant, InitialWrite, Parent
+from p2psync.node.metrics import LATENCY_BUCKETS_MS, METRIC_NAMES, NodeMetrics
+from p2psync.replication.ledger import Ledger, LinkState
+from p2psync.replication.scope import SyncScope
+from tests.node.support import metric_samples
+from tests.peer.support import new_store
+
+TENANT = "did:key:z6MkmetricsTenant"
+REMOTE = "did:key:z6MkmetricsRemote?storeId=1234"
+
+
+def test_hooks_ledger_events_and_exposition(tmp_path: Path) -> None:
+    store = new_store(tmp_path, "m")
+    ledger = Ledger.for_store(store)
+    now = [0.0]
+    metrics = NodeMetrics(ledger, clock=lambda: now[0])
+    # Three `rev`s: 0.5 ms, 30 ms, and one still in flight.
+    first = metrics.rev_started()
+    now[0] += 0.0005
+    metrics.rev_finished(first, "Applied")
+    second = metrics.rev_started()
+    now[0] += 0.030
+    metrics.rev_finished(second, "Duplicate")
+    metrics.rev_started()
+    metrics.dependencies_missing([InitialWrite(record_id="r1"), Parent(record_id="p", protocol="https://x.org/p"),
+                                  InitialWrite(record_id="r2")])
+    metrics.dependencies_missing([Grant(permission_grant_id="g")])
+    link = ledger.open_link(TENANT, REMOTE, SyncScope.for_protocol("https://example.org/notes"))
+    ledger.transition(link.key, LinkState.REPAIRING, reason="progress_gap")
+    ledger.transition(link.key, LinkState.LIVE, reason="caught_up")
+    ledger.transition(link.key, LinkState.REPAIRING, reason="progress_gap")
+    ledger.record_failure(link.key, "503 ConnectionLost")
+
+    body, content_type = metrics.exposition()
+    assert content_type.startswith("text/plain")
+    samples = metric_samples(body.decode())
+    for name in METRIC_NAMES:  # every RFC name is exposed (a histogram by its series)
+        assert any(s == name or s.startswith(name + "_") for s in samples), name
+    assert samples["sync_inflight_events"] == [({}, 1.0)]
+    assert dict((s["result"], v) for s, v in samples["sync_apply_results_total"]) == {"Applied": 1, "Duplicate": 1}
+    buckets = {s["le"]: v for s, v in samples["sync_apply_latency_ms_bucket"]}
+    assert buckets["1.0"] == 1 and buckets["25.0"] == 1 and buckets["50.0"] == 2 and buckets["+Inf"] == 2
+    assert len(buckets) == len(LATENCY_BUCKETS_MS) + 1
+    [(_, total)] = samples["sync_apply_latency_ms_sum"]
+    assert abs(total - 30.5) < 1e-6
+    assert dict((s["class"], v) for s, v in samples["sync_closure_missing_total"]) == {
+        "Grant": 1, "InitialWrite": 2, "Parent": 1}
+    assert samples["sync_gap_repairs_total"] == [({}, 2.0)]
+    labels = {"tenant": TENANT, "remote": REMOTE, "scope": "https://example.org/notes"}
+    states = {s["state"]: v for s, v in samples["sync_link_state"]}
+    assert states == {"initial": 0, "live": 0, "degraded_poll": 0, "repairing": 1, "paused": 0}
+    assert samples["sync_link_failures"] == [(labels, 1.0)]
+    assert samples["sync_checkpoint_pull_contiguous"] == [(labels, 0.0)]  # nothing applied yet
+    # OpenMetrics when the scraper asks for it.
+    _, openmetrics = metrics.exposition("application/openmetrics-text; version=1.0.0")
+    assert openmetrics.startswith("application/openmetrics-text")
+    metrics.close()
+    ledger.transition(link.key, LinkState.LIVE, reason="caught_up")
+    ledger.transition(link.key, LinkState.REPAIRING, reason="progress_gap")
+    assert metrics.gap_repairs == 2  # no longer listening
