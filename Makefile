@@ -18,11 +18,15 @@ $(NODE): interop/package.json interop/package-lock.json
 	touch $@
 
 # System packages, installed only when missing and when we are root: tshark (the BLIP
-# dissector check) and a Java runtime (Spark, for the data pipeline).
+# dissector check), a Java runtime (Spark, for the data pipeline), and unshare + ip (the
+# discovery and node tests run mDNS inside private network namespaces joined by veth pairs).
 $(SYSDEPS): $(VENV)
 	@missing=""; \
 	command -v tshark >/dev/null 2>&1 || missing="$$missing tshark"; \
 	command -v java >/dev/null 2>&1 || missing="$$missing default-jre-headless"; \
+	command -v unshare >/dev/null 2>&1 || missing="$$missing util-linux"; \
+	command -v nsenter >/dev/null 2>&1 || missing="$$missing util-linux"; \
+	command -v ip >/dev/null 2>&1 || missing="$$missing iproute2"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
