@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import sys
 import time
@@ -96,6 +97,10 @@ def _os_reason(exc: OSError) -> str:
     cause = exc.__cause__
     if isinstance(cause, BaseExceptionGroup):
         for inner in cause.exceptions:
+            if isinstance(inner, OSError) and inner.errno is not None:
+                # trio's strerror repeats the address ("Error connecting to ('h', p): …"),
+                # which the URL already gives; the OS's own words are enough.
+                return os.strerror(inner.errno)
             if isinstance(inner, OSError) and inner.strerror:
                 return inner.strerror
     return exc.strerror or str(exc)
@@ -108,6 +113,10 @@ def describe_failure(exc: BaseException, url: str) -> str | None:
     from p2psync.peer.wire import PeerError
 
     exc = _leaf(exc)
+    if isinstance(exc, PeerError) and exc.name == "ConnectionLost":
+        # Raised on our side when the connection drops mid-round (the peer stopped, the
+        # network went away): nothing refused us, so do not say "refused".
+        return f"lost the connection to {url}: {exc.detail}"
     if isinstance(exc, PeerError):
         text = f"{url} refused: {exc.code} {exc.name}"
         return f"{text}: {exc.detail}" if exc.detail else text

@@ -229,7 +229,8 @@ class Peer:
                 failures = self.ledger.link(round_.key).failure_count if round_.key is not None else attempt
                 delay = retry_delay(failures).total_seconds()
                 delay = delay * (0.5 + self._rng.random() / 2)  # equal jitter: never a synchronized herd
-                log.info("sync with %s: %s; retrying in %.1f s", round_.remote or target, exc, delay)
+                label = round_.remote or (target if isinstance(target, str) else "the peer")  # not a function's repr
+                log.info("sync with %s: %s; retrying in %.1f s", label, exc, delay)
                 if self._retry_requests == requests:
                     with trio.move_on_after(delay):
                         await self._retry_now.wait()
