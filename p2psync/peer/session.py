@@ -34,7 +34,6 @@ from p2psync.peer.committer import GroupCommitter, StoreUnavailable
 from p2psync.peer.copies import CheckpointCopies, CopyRevConflict, Origins
 from p2psync.peer.hello import Hello, HelloProofInvalid, make_proof, verify_proof
 from p2psync.peer.observer import NO_OBSERVER, SyncObserver
-from p2psync.peer.prewarm import SignaturePrewarmer
 from p2psync.peer.sink import Sink
 from p2psync.peer.source import Source, message_entry
 from p2psync.peer.wire import (
@@ -169,7 +168,6 @@ class PeerSession:
         self.dependency_slots = trio.Semaphore(MAX_DEPENDENCIES_IN_FLIGHT)
         self.metrics: SyncObserver = NO_OBSERVER  # the Peer's (set by Peer._new_session)
         self._handlers: dict[str, Callable[[blip.Request], Awaitable[blip.Reply | None]]] | None = None
-        self._prewarmer: SignaturePrewarmer | None = None
 
     # -- hello (§3) ------------------------------------------------------------------------
 
@@ -494,21 +492,6 @@ class PeerSession:
         await self._sink(request).on_norev(request.properties)
 
     # -- sources: dependencies and data (§9, §10) -------------------------------------------
-
-    def prewarm(self, message: Any) -> None:
-        """Have ``message``'s signatures checked on a worker thread while it waits for its
-        apply (p2psync/peer/prewarm.py); nothing happens once the connection is ending."""
-        prewarmer = self._prewarmer
-        if prewarmer is None:
-            if self.conn is None:
-                return
-            prewarmer = SignaturePrewarmer()
-            try:
-                self.conn.start_soon(prewarmer.run)
-            except blip.ConnectionClosed:
-                return
-            self._prewarmer = prewarmer
-        prewarmer.offer(message)
 
     def offer(self, tenant: str, entry: Any, size: int | None = None) -> None:
         """Remember a message whose data travels out of line (§9's offered set); ``size``:

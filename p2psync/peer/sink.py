@@ -354,8 +354,6 @@ class Sink:
         except PeerError as exc:
             early = exc
         if early is None:
-            if self.window.first_open() is not item and isinstance(obj, dict):
-                self.session.prewarm(obj.get("message"))  # it waits for its turn: check it meanwhile
             reserved, early = await self._prefetch(obj)
         try:
             await self._turn(item)
