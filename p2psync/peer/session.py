@@ -201,6 +201,9 @@ class PeerSession:
             raise HelloFailed(str(exc) or type(exc).__name__) from exc
         self.hello_ok = True
         self._hello_done.set()
+        # The one line a passive node logs per connection (its links are the other side's).
+        log.info("%s %s (storeId %s)", "connected to" if self.active else "connection from", self.theirs.did,
+                 self.theirs.store_id)
 
     async def hello_quietly(self) -> None:
         with contextlib.suppress(HelloFailed):
