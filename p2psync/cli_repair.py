@@ -16,9 +16,8 @@ from typing import Any, Final, TextIO
 
 import trio
 
-from p2psync.cli_sync import CliFailure, check_url, describe_failure, human_bytes
+from p2psync.cli_sync import CliFailure, check_url, describe_failure, human_bytes, scope_of
 from p2psync.dwn.did import Identity
-from p2psync.dwn.errors import DwnError
 from p2psync.dwn.store import Store
 from p2psync.peer.repair import STATUS_ORDER, RepairProgress, RepairSummary
 
@@ -97,15 +96,11 @@ def run_repair(
     message is repaired, :data:`EXIT_INCOMPLETE` when some are not."""
     from p2psync.peer.copies import store_id
     from p2psync.peer.peer import Peer
-    from p2psync.replication.scope import SyncScope
 
     stdout = out if out is not None else sys.stdout
     stderr = err if err is not None else sys.stderr
     check_url(url)
-    try:
-        scope = SyncScope.global_scope() if protocol is None else SyncScope.for_protocol(protocol)
-    except DwnError as exc:
-        raise CliFailure(f"--protocol {protocol}: {exc}") from None
+    scope = scope_of(protocol)
     replica = replica or store_id(store)
     items = _plan_items(plan, replica, source, tenant)
     by_tenant: dict[str, list[Any]] = {}

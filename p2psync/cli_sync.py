@@ -28,6 +28,7 @@ from p2psync.peer.stats import SyncProgress, SyncSummary
 
 if TYPE_CHECKING:
     from p2psync.node.config import NodeConfig
+    from p2psync.replication.scope import SyncScope
 
 __all__ = [
     "DEFAULT_HOST",
@@ -40,6 +41,7 @@ __all__ = [
     "log_to_stderr",
     "run_serve",
     "run_sync",
+    "scope_of",
     "status_lines",
     "status_report",
     "summary_lines",
@@ -133,6 +135,16 @@ def describe_failure(exc: BaseException, url: str) -> str | None:
     if isinstance(exc, DwnError):
         return str(exc)
     return None
+
+
+def scope_of(protocol: str | None) -> SyncScope:
+    """The sync scope of ``--protocol`` (global without it); a bad URL is a one-line failure."""
+    from p2psync.replication.scope import SyncScope
+
+    try:
+        return SyncScope.global_scope() if protocol is None else SyncScope.for_protocol(protocol)
+    except DwnError as exc:
+        raise CliFailure(f"--protocol {protocol}: {exc}") from None
 
 
 def check_url(url: str) -> None:
@@ -374,15 +386,11 @@ def run_sync(
 ) -> int:
     """Run one sync (or a continuous one until Ctrl-C / SIGTERM) and print its summary."""
     from p2psync.peer.peer import Peer
-    from p2psync.replication.scope import SyncScope
 
     stdout = out if out is not None else sys.stdout
     stderr = err if err is not None else sys.stderr
     check_url(url)
-    try:
-        scope = SyncScope.global_scope() if protocol is None else SyncScope.for_protocol(protocol)
-    except DwnError as exc:
-        raise CliFailure(f"--protocol {protocol}: {exc}") from None
+    scope = scope_of(protocol)
     peer = Peer(store, identity)
     bars = ProgressBars(progress, stderr)
 
