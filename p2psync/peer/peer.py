@@ -77,7 +77,9 @@ class Peer:
 
     ``accept_push``: whether the passive side takes ``proposeChanges`` (§5: a sink may refuse
     pushes by policy). ``authorizer``: decides reads by peers other than the tenant (§5); by
-    default a :class:`~p2psync.replication.authz.ReadAuthorizer` over ``store``.
+    default a :class:`~p2psync.replication.authz.ReadAuthorizer` over ``store``. ``max_data``:
+    the largest record data this peer takes (default 100 MiB, §12); larger items are answered
+    413, counted as ``DataTooLarge`` in the sync's results and logged, and never fetched.
     """
 
     def __init__(
@@ -88,6 +90,7 @@ class Peer:
         accept_push: bool = True,
         authorizer: Any = None,
         max_unanswered_revs: int | None = None,
+        max_data: int | None = None,
         rng: random.Random | None = None,
     ) -> None:
         self.store = store
@@ -104,6 +107,7 @@ class Peer:
             authorizer = ReadAuthorizer(store)
         self.authorizer = authorizer
         self.max_unanswered_revs = max_unanswered_revs
+        self.max_data = max_data
         self._rng = rng or random.Random()
         self._retry_now = trio.Event()
         self._retry_requests = 0
@@ -117,6 +121,8 @@ class Peer:
         extra: dict[str, Any] = {}
         if self.max_unanswered_revs is not None:
             extra["max_unanswered_revs"] = self.max_unanswered_revs
+        if self.max_data is not None:
+            extra["max_data"] = self.max_data
         session = PeerSession(
             store=self.store, dwn=self.dwn, identity=self.identity, ledger=self.ledger, copies=self.copies,
             committer=self.committer, mine=new_hello(self.identity.did, self.store_id, AGENT), active=active,
@@ -398,7 +404,7 @@ class _Round:
         stats = self.totals.setdefault("pull", SyncStats())
         while True:
             sink = self.sink = Sink(session, self.index, self.tenant, key=key, since=since,
-                                    on_progress=lambda: self._progress("pull"))
+                                    max_data=session.max_data, on_progress=lambda: self._progress("pull"))
             sink.stats = stats
             session.sinks[self.index] = sink
             props = {"collection": str(self.index), "batch": str(self.batch)}

@@ -38,6 +38,7 @@ from p2psync.peer.sink import Sink
 from p2psync.peer.source import Source, message_entry
 from p2psync.peer.wire import (
     DEFAULT_BATCH,
+    DEFAULT_MAX_DATA,
     ERROR_DOMAIN,
     HELLO_MAX_BODY,
     HELLO_TIMEOUT,
@@ -137,6 +138,7 @@ class PeerSession:
         accept_push: bool = True,
         max_unanswered_revs: int = MAX_UNANSWERED_REVS,
         authorizer: Any = None,
+        max_data: int = DEFAULT_MAX_DATA,
     ) -> None:
         self.store = store
         self.dwn = dwn
@@ -149,6 +151,8 @@ class PeerSession:
         self.accept_push = accept_push
         self.max_unanswered_revs = max_unanswered_revs
         self.authorizer = authorizer
+        #: record data above this is not taken (413 in the listing answer, §6.2)
+        self.max_data = max_data
         self.conn: blip.Connection | None = None
         self.theirs: Hello | None = None
         self._theirs_arrived = trio.Event()
@@ -464,7 +468,7 @@ class PeerSession:
             refuse(403, "PushRefused", "this peer does not take pushes")
         sink = self.sinks.get(index)
         if sink is None:
-            sink = self.sinks[index] = Sink(self, index, coll.tenant, key=None)
+            sink = self.sinks[index] = Sink(self, index, coll.tenant, key=None, max_data=self.max_data)
         statuses = sink.on_listing(decode_body(request.body), pull=False)
         return blip.Reply(body=encode_body(statuses), urgent=True)
 

@@ -293,7 +293,10 @@ class Sink:
             if has(self.tenant, token.message_cid):
                 status = 304
             elif size is not None and size > self.max_data:
-                status = 413  # settled, and a link error (§6.2)
+                status = 413  # settled, and a link error (§6.2): counted, logged, never fetched
+                self.stats.results["DataTooLarge"] = self.stats.results.get("DataTooLarge", 0) + 1
+                log.warning("collection %d: %s has %d bytes of data, above this peer's limit of %d; skipped",
+                            self.index, token.message_cid, size, self.max_data)
             else:
                 status = 0
             statuses.append(status)

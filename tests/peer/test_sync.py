@@ -345,3 +345,33 @@ async def test_grants_travel_in_get_collections_and_push_can_be_refused(tmp_path
             await Peer(other, ALICE).sync(url, tenant=ALICE.did, direction="push")
         assert (refused.value.code, refused.value.name) == (403, "PushRefused")
     assert len(a.messages.cids(ALICE.did)) == 3 + 2  # the notes and the two grants, not the push
+
+
+@pytest.mark.parametrize("direction", ["pull", "push"])
+async def test_data_above_the_sinks_limit_is_skipped_counted_and_never_fetched(
+    tmp_path: Path, direction: str
+) -> None:
+    """§6.2: an item whose data is above the sink's limit is answered 413: settled (the feed
+    moves on), never fetched, and recorded: ``DataTooLarge`` in the results of the side that
+    counts the direction."""
+    holder, empty = new_store(tmp_path, "holder"), new_store(tmp_path, "empty")
+    ids = write_notes(holder, ALICE, 5, clock=Clock(), sizes={2: 50_000})
+    limit = 40_000
+    if direction == "pull":
+        sink_peer, source_peer = Peer(empty, ALICE, max_data=limit), Peer(holder, ALICE)
+        async with served(source_peer) as url:
+            summary = await sink_peer.sync(url, tenant=ALICE.did, direction="pull")
+        stats = summary.pull
+        assert stats is not None and stats.results.get("DataTooLarge") == 1
+        assert stats.attachments_fetched == 0
+        key = sink_peer.ledger.links(ALICE.did)[0].key
+        frontier = sink_peer.ledger.get_checkpoint(key, Direction.PULL)[0].contiguous_applied_token
+        assert frontier is not None and frontier.position == holder.events.read(ALICE.did, after=-1)[-1][0]
+    else:
+        async with served(Peer(empty, ALICE, max_data=limit)) as url:
+            summary = await Peer(holder, ALICE).sync(url, tenant=ALICE.did, direction="push")
+        stats = summary.push
+        assert stats is not None and stats.items_skipped == 1
+    big_record = ids[2]
+    held = {m["recordId"] for m in empty.messages.query(ALICE.did, [{"interface": "Records"}])[0]}
+    assert held == set(ids) - {big_record}
