@@ -323,6 +323,13 @@ def cmd_repair(args: argparse.Namespace) -> int:
         )
     except cli_sync.CliFailure as exc:
         raise CliError(str(exc)) from None
+    except ModuleNotFoundError as exc:  # the plan is Parquet: pyarrow comes with the pipeline extra
+        from p2psync.extras import missing_pipeline_module
+
+        advice = missing_pipeline_module(exc)
+        if advice is None:
+            raise
+        raise CliError(f"PipelineNotInstalled: {advice}") from None
     finally:
         quiet()
         store.close()

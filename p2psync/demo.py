@@ -96,9 +96,13 @@ def run_demo(out: TextIO | None = None, *, isolate: bool = True) -> int:
     """Run the demo (see the module doc); 0 once every node holds the same messages."""
     stream = out if out is not None else sys.stdout
     if isolate and os.environ.get(NAMESPACE_ENV) is None and out is None and _namespace_usable():
-        # Same interpreter, same arguments, inside a user + network namespace of its own.
-        env = {**os.environ, NAMESPACE_ENV: "1"}
-        command = ["unshare", "-rn", sys.executable, "-m", "p2psync", "demo"]
+        # Same interpreter, same arguments, inside a user + network namespace of its own. -P
+        # keeps the working directory off sys.path (a stray timeit.py there once shadowed the
+        # standard library); PYTHONPATH names where this p2psync lives, installed or not.
+        here = str(Path(__file__).resolve().parents[1])
+        path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
+        env = {**os.environ, NAMESPACE_ENV: "1", "PYTHONPATH": path}
+        command = ["unshare", "-rn", sys.executable, "-P", "-m", "p2psync", "demo"]
         return subprocess.run(command, env=env, check=False).returncode
     inside = os.environ.get(NAMESPACE_ENV) == "1"
     if inside:

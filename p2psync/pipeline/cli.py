@@ -41,11 +41,17 @@ def _fail(exc: Exception) -> Exception:
 def _guarded(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         from p2psync.dwn.errors import DwnError
+        from p2psync.extras import missing_pipeline_module
 
         try:
             return fn(args)
         except (PipelineError, DwnError) as exc:
             raise _fail(exc) from None
+        except ModuleNotFoundError as exc:
+            advice = missing_pipeline_module(exc)
+            if advice is None:
+                raise
+            raise _fail(PipelineError("PipelineNotInstalled", advice)) from None
 
     run.__doc__ = fn.__doc__
     return run

@@ -1,0 +1,43 @@
+"""A sync-only install (no ``pipeline`` extra) gets one clear line from the pipeline commands."""
+
+from __future__ import annotations
+
+import builtins
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from p2psync.cli import main
+from p2psync.extras import missing_pipeline_module
+
+
+def test_only_the_pipelines_modules_get_the_advice() -> None:
+    advice = missing_pipeline_module(ModuleNotFoundError("no", name="pyspark.sql"))
+    assert advice is not None and "pip install 'p2psync[pipeline]'" in advice and "'pyspark'" in advice
+    assert missing_pipeline_module(ModuleNotFoundError("no", name="yaml")) is None
+    assert missing_pipeline_module(ImportError("not a missing module")) is None
+
+
+def test_export_without_pyarrow_says_how_to_install_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home = tmp_path / "node"
+    assert main(["--home", str(home), "init"]) == 0
+    real_import = builtins.__import__
+
+    def without_pyarrow(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name.split(".")[0] == "pyarrow":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return real_import(name, *args, **kwargs)
+
+    # Forget what imported pyarrow already, so the command imports it (and fails) afresh.
+    for cached in [m for m in sys.modules if m.startswith(("pyarrow", "p2psync.pipeline.export",
+                                                           "p2psync.pipeline.formats"))]:
+        monkeypatch.delitem(sys.modules, cached)
+    monkeypatch.setattr(builtins, "__import__", without_pyarrow)
+    code = main(["--home", str(home), "export", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code != 0
+    assert "PipelineNotInstalled" in err and "p2psync[pipeline]" in err
