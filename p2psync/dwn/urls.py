@@ -21,6 +21,7 @@ e.g. about punycode labels and spaces before a removed query), and do the rest o
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Final
 
@@ -88,7 +89,10 @@ def normalize_schema_url(url: str) -> str:
     return _normalize(url)
 
 
+@functools.lru_cache(maxsize=4096)
 def _is_normalized(url: str) -> bool:
+    # Pure in its string argument, and the same few protocol and schema URLs recur in every
+    # message of a protocol: a parse costs ~7 us here, a cache hit ~0.1 us.
     try:
         return _normalize(url) == url
     except DwnError:
