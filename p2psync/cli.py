@@ -285,14 +285,21 @@ def cmd_peers(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
 
 
-def cmd_sync(args: argparse.Namespace) -> int:
-    from p2psync import cli_sync
-
+def _remote_command(args: argparse.Namespace) -> tuple[Any, bool]:
+    """What ``sync`` and ``repair`` check first: this node's identity, a ``--tenant`` that is a
+    DID, and whether to draw a progress bar."""
     identity = _identity(args)
     if args.tenant is not None and not args.tenant.startswith("did:"):
         raise CliError(f"--tenant {args.tenant} is not a DID")
     # A bar only where a person watches (or when asked): a pipe or a log file gets the summary.
     progress = sys.stderr.isatty() if args.progress is None else bool(args.progress)
+    return identity, progress
+
+
+def cmd_sync(args: argparse.Namespace) -> int:
+    from p2psync import cli_sync
+
+    identity, progress = _remote_command(args)
     store = _open_store(args, must_exist=False)
     quiet = cli_sync.log_to_stderr(args.verbose)
     try:
@@ -310,10 +317,7 @@ def cmd_sync(args: argparse.Namespace) -> int:
 def cmd_repair(args: argparse.Namespace) -> int:
     from p2psync import cli_repair, cli_sync
 
-    identity = _identity(args)
-    if args.tenant is not None and not args.tenant.startswith("did:"):
-        raise CliError(f"--tenant {args.tenant} is not a DID")
-    progress = sys.stderr.isatty() if args.progress is None else bool(args.progress)
+    identity, progress = _remote_command(args)
     store = _open_store(args, must_exist=True)
     quiet = cli_sync.log_to_stderr(args.verbose)
     try:
