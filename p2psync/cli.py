@@ -370,7 +370,7 @@ def cmd_grant_sync(args: argparse.Namespace) -> int:
 
 
 def cmd_store_digest(args: argparse.Namespace) -> int:
-    from p2psync.replication.digest import store_digest
+    from p2psync.state.digest import store_digest
 
     store = _open_store(args, must_exist=True)
     try:

@@ -94,8 +94,8 @@ def run_repair(
 ) -> int:
     """Fetch this replica's plan rows from the peer at ``url``; print the outcome; 0 when every
     message is repaired, :data:`EXIT_INCOMPLETE` when some are not."""
-    from p2psync.peer.copies import store_id
     from p2psync.peer.peer import Peer
+    from p2psync.state.copies import store_id
 
     stdout = out if out is not None else sys.stdout
     stderr = err if err is not None else sys.stderr

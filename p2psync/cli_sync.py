@@ -445,7 +445,7 @@ def _frontier(checkpoint: dict[str, Any]) -> int | None:
 
 
 def _copies(store: Store) -> list[dict[str, Any]]:
-    """The checkpoint copies this store keeps as the passive side (p2psync/peer/copies.py).
+    """The checkpoint copies this store keeps as the passive side (p2psync/state/copies.py).
 
     Read straight from its table: ``CheckpointCopies`` has no listing call, and a serving
     node's ledger has no links (only the active side opens them), so this is what says which
@@ -476,8 +476,8 @@ def status_report(store: Store) -> dict[str, Any]:
     this store keeps for an active peer that synced with it: ``{"peer", "checkpointId", "rev",
     "frontier"}`` (the peer's pull frontier is a position in this store's log).
     """
-    from p2psync.peer.copies import store_id
-    from p2psync.replication.ledger import Ledger
+    from p2psync.state.copies import store_id
+    from p2psync.state.ledger import Ledger
 
     ledger = Ledger.for_store(store)
     links = []
@@ -533,7 +533,7 @@ def grant_sync(
     from p2psync.dwn.encoding import message_cid
     from p2psync.dwn.engine import Dwn
     from p2psync.dwn.timeutil import is_dwn_date_time
-    from p2psync.replication.authz import sync_grant_messages
+    from p2psync.state.authz import sync_grant_messages
 
     if not grantee.startswith("did:"):
         raise CliFailure(f"{grantee} is not a DID")

@@ -261,7 +261,7 @@ async def _watch_arrivals(devices: list[_Device], tenant: str, expected: int, ou
 
 def _report(devices: list[_Device], tenant: str, written: dict[str, Any], say: Any) -> bool:
     """Digests per node and a read-back of the attachment on each receiver; True when all agree."""
-    from p2psync.replication.digest import store_digest
+    from p2psync.state.digest import store_digest
 
     say()
     digests = {}

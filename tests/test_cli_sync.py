@@ -33,7 +33,7 @@ from p2psync.dwn.did import Identity
 from p2psync.dwn.engine import Dwn
 from p2psync.dwn.records_write import RecordsWrite
 from p2psync.dwn.store import Store
-from p2psync.replication.digest import cids_digest, store_digest
+from p2psync.state.digest import cids_digest, store_digest
 
 # Bounded waits on a child process (not timing assertions): generous for a loaded 2-core box.
 STARTUP_DEADLINE = 30.0

@@ -28,8 +28,8 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from p2psync.dwn.replication_types import DependencyRef
-from p2psync.replication.ledger import Direction, Ledger, LedgerEvent, LinkState, LinkTransition
 from p2psync.replication.scope import SyncScope
+from p2psync.state.ledger import Direction, Ledger, LedgerEvent, LinkState, LinkTransition
 
 __all__ = [
     "LATENCY_BUCKETS_MS",

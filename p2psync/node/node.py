@@ -41,10 +41,10 @@ from p2psync.node.config import NodeConfig, TenantConfig
 from p2psync.node.discovery_api import AUTO_CAPABILITY, AdvertInfo, DiscoveryFactory, DiscoveryLike, PeerSeenLike
 from p2psync.node.links import LinkKey, LinkSpec, plan_links
 from p2psync.node.metrics import NodeMetrics, scope_label, serve_metrics
-from p2psync.peer.committer import StoreUnavailable
 from p2psync.peer.peer import Peer
 from p2psync.peer.wire import APP_ID
-from p2psync.replication.ledger import retry_delay
+from p2psync.state.committer import StoreUnavailable
+from p2psync.state.ledger import retry_delay
 
 __all__ = ["GONE_GRACE", "LINK_RETRY_CAP", "SHUTDOWN_GRACE", "Link", "Node", "NodeError", "peer_json"]
 

@@ -37,8 +37,6 @@ from p2psync.dwn.did import Identity
 from p2psync.dwn.engine import Dwn
 from p2psync.dwn.progress import ProgressToken
 from p2psync.dwn.store import Store
-from p2psync.peer.committer import GroupCommitter
-from p2psync.peer.copies import CheckpointCopies, checkpoint_id, store_id
 from p2psync.peer.hello import new_hello
 from p2psync.peer.observer import NO_OBSERVER, SyncObserver
 from p2psync.peer.repair import RepairProgress, RepairSummary, WantedMessage, fetch_messages
@@ -48,8 +46,10 @@ from p2psync.peer.source import Source
 from p2psync.peer.stats import SyncProgress, SyncStats, SyncSummary
 from p2psync.peer.wire import APP_ID, DEFAULT_BATCH, PeerError, decode_body, encode_body
 from p2psync.replication.checkpoint import DirectionCheckpoint
-from p2psync.replication.ledger import Direction, Ledger, LinkKey, LinkState, retry_delay
 from p2psync.replication.scope import SyncScope
+from p2psync.state.committer import GroupCommitter
+from p2psync.state.copies import CheckpointCopies, checkpoint_id, store_id
+from p2psync.state.ledger import Direction, Ledger, LinkKey, LinkState, retry_delay
 
 __all__ = [
     "AGENT", "CHECKPOINT_INTERVAL", "Peer", "RepairProgress", "RepairSummary", "SyncProgress", "SyncStats",
@@ -77,7 +77,7 @@ class Peer:
 
     ``accept_push``: whether the passive side takes ``proposeChanges`` (§5: a sink may refuse
     pushes by policy). ``authorizer``: decides reads by peers other than the tenant (§5); by
-    default a :class:`~p2psync.replication.authz.ReadAuthorizer` over ``store``. ``max_data``:
+    default a :class:`~p2psync.state.authz.ReadAuthorizer` over ``store``. ``max_data``:
     the largest record data this peer takes (default 100 MiB, §12); larger items are answered
     413, counted as ``DataTooLarge`` in the sync's results and logged, and never fetched.
     """
@@ -102,7 +102,7 @@ class Peer:
         self.store_id = store_id(store)
         self.accept_push = accept_push
         if authorizer is None:
-            from p2psync.replication.authz import ReadAuthorizer
+            from p2psync.state.authz import ReadAuthorizer
 
             authorizer = ReadAuthorizer(store)
         self.authorizer = authorizer

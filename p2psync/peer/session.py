@@ -30,8 +30,6 @@ from p2psync.dwn.errors import DwnError
 from p2psync.dwn.progress import ProgressToken
 from p2psync.dwn.replication_types import DependencyRef, ReplicationWireError, ref_from_json
 from p2psync.dwn.store import Store
-from p2psync.peer.committer import GroupCommitter, StoreUnavailable
-from p2psync.peer.copies import CheckpointCopies, CopyRevConflict, Origins
 from p2psync.peer.hello import Hello, HelloProofInvalid, make_proof, verify_proof
 from p2psync.peer.observer import NO_OBSERVER, SyncObserver
 from p2psync.peer.sink import Sink
@@ -59,10 +57,12 @@ from p2psync.peer.wire import (
     int_property,
     refuse,
 )
-from p2psync.replication.ledger import Ledger
-from p2psync.replication.local import LocalStoreFetcher
 from p2psync.replication.scope import SyncScope
-from p2psync.replication.tokens import check_token
+from p2psync.state.committer import GroupCommitter, StoreUnavailable
+from p2psync.state.copies import CheckpointCopies, CopyRevConflict, Origins
+from p2psync.state.ledger import Ledger
+from p2psync.state.local import LocalStoreFetcher
+from p2psync.state.log import check_token
 
 __all__ = [
     "ACTIVE_PROFILES",

@@ -23,7 +23,6 @@ from p2psync.dwn.datacid import data_cid
 from p2psync.dwn.errors import DwnError
 from p2psync.dwn.progress import ProgressToken
 from p2psync.dwn.replication_types import Deferred, DependencyRef, ReplicationApplyResult
-from p2psync.peer.committer import StoreUnavailable
 from p2psync.peer.stats import SyncStats
 from p2psync.peer.window import ProgressWindow, WindowItem
 from p2psync.peer.wire import (
@@ -40,7 +39,8 @@ from p2psync.peer.wire import (
 )
 from p2psync.replication.checkpoint import CheckpointPendingOverflow
 from p2psync.replication.closure import ClosureAdmitter, ClosureOutcome, ReplicationEntry, Withheld
-from p2psync.replication.ledger import Direction, LinkKey
+from p2psync.state.committer import StoreUnavailable
+from p2psync.state.ledger import Direction, LinkKey
 
 if TYPE_CHECKING:
     from p2psync.peer.session import PeerSession

@@ -27,8 +27,8 @@ from p2psync.peer.window import ProgressWindow
 from p2psync.peer.wire import INLINE_DATA_MAX, PeerError, decode_body, encode_body
 from p2psync.replication.checkpoint import CheckpointPendingOverflow
 from p2psync.replication.closure import ReplicationEntry
-from p2psync.replication.ledger import Direction, LinkKey
 from p2psync.replication.scope import SyncScope
+from p2psync.state.ledger import Direction, LinkKey
 
 if TYPE_CHECKING:
     from p2psync.peer.session import PeerSession

@@ -10,7 +10,7 @@ ledger steps: settled → received + applied, not settled → received only (it 
 and holds the frontier; §11's table says which outcomes settle).
 
 Sans-I/O: :meth:`take_steps` returns the steps; the caller records them in the batch that
-holds the applies they describe (:class:`~p2psync.peer.committer.GroupCommitter`).
+holds the applies they describe (:class:`~p2psync.state.committer.GroupCommitter`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Final
 import trio
 
 from p2psync.dwn.progress import ProgressToken
-from p2psync.replication.ledger import Step
+from p2psync.state.ledger import Step
 
 __all__ = ["ProgressWindow", "WindowItem"]
 

@@ -160,7 +160,7 @@ def _resolve_replica_id(store: Store, replica_id: str | None) -> str:
     if replica_id:
         return replica_id
     # The storeId the peer proves in hello: a repair reading the plan finds its part by it.
-    from p2psync.peer.copies import store_id
+    from p2psync.state.copies import store_id
 
     return store_id(store)
 

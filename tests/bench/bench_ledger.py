@@ -17,9 +17,9 @@ sys.path.insert(0, str(ROOT))
 from p2psync.dwn.encoding import compute_cid  # noqa: E402
 from p2psync.dwn.store import Store  # noqa: E402
 from p2psync.replication.checkpoint import DirectionCheckpoint  # noqa: E402
-from p2psync.replication.ledger import Direction, Ledger, Step  # noqa: E402
 from p2psync.replication.scope import SyncScope  # noqa: E402
 from p2psync.replication.tokens import ProgressToken  # noqa: E402
+from p2psync.state.ledger import Direction, Ledger, Step  # noqa: E402
 
 N = 20_000
 BATCH = 500

@@ -38,7 +38,7 @@ from p2psync.dwn.replication_types import DependencyRef, ReplicationApplyResult 
 from p2psync.dwn.store import Store  # noqa: E402
 from p2psync.dwn.timeutil import add_seconds  # noqa: E402
 from p2psync.replication.closure import ClosureAdmitter, ClosureOutcome, ReplicationEntry  # noqa: E402
-from p2psync.replication.local import LocalApplier, LocalStoreFetcher, reconcile  # noqa: E402
+from p2psync.state.local import LocalApplier, LocalStoreFetcher, reconcile  # noqa: E402
 from tests.replication.support import CHAT, CHAT_DEFINITION, Clock, seeded, snapshot  # noqa: E402
 
 Message = dict[str, Any]

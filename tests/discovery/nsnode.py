@@ -26,9 +26,9 @@ import trio
 
 from p2psync.discovery import Advert, Discovery, DiscoveryEvent, PeerGone, PeerSeen
 from p2psync.dwn.store import Store
-from p2psync.peer.copies import store_id
 from p2psync.peer.peer import Peer
-from p2psync.replication.digest import store_digest
+from p2psync.state.copies import store_id
+from p2psync.state.digest import store_digest
 from tests.peer.support import Clock, seeded, write_notes
 
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from p2psync.dwn.replication_types import Grant, InitialWrite, Parent
 from p2psync.node.metrics import LATENCY_BUCKETS_MS, METRIC_NAMES, NodeMetrics
-from p2psync.replication.ledger import Ledger, LinkState
 from p2psync.replication.scope import SyncScope
+from p2psync.state.ledger import Ledger, LinkState
 from tests.node.support import metric_samples
 from tests.peer.support import new_store
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import trio
 
 from p2psync.node.node import Node
-from p2psync.peer.copies import CheckpointCopies, checkpoint_id
-from p2psync.replication.ledger import Direction
+from p2psync.state.copies import CheckpointCopies, checkpoint_id
+from p2psync.state.ledger import Direction
 from tests.node.fakes import FakeLan, FakePeerGone, seen_of
 from tests.node.support import free_port, make_node, metric_samples, scrape, until
 from tests.peer.support import Clock, assert_same, seeded, write_notes

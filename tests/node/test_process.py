@@ -20,9 +20,9 @@ import pytest
 
 from p2psync.dwn.store import Store
 from p2psync.home import Home
-from p2psync.peer.copies import CheckpointCopies, checkpoint_id
-from p2psync.replication.digest import store_digest
-from p2psync.replication.ledger import Direction, Ledger
+from p2psync.state.copies import CheckpointCopies, checkpoint_id
+from p2psync.state.digest import store_digest
+from p2psync.state.ledger import Direction, Ledger
 from tests.node.processes import (
     EXIT_DEADLINE,
     STARTUP_DEADLINE,

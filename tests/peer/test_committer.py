@@ -11,8 +11,8 @@ import trio
 from p2psync.dwn.encoding import compute_cid
 from p2psync.dwn.progress import ProgressToken
 from p2psync.dwn.store import Store
-from p2psync.peer.committer import GroupCommitter, StoreUnavailable
 from p2psync.peer.window import ProgressWindow
+from p2psync.state.committer import GroupCommitter, StoreUnavailable
 
 
 def _table(store: Store) -> None:

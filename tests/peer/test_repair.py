@@ -15,9 +15,9 @@ from p2psync.dwn.records_write import RecordsWrite
 from p2psync.dwn.store import Store
 from p2psync.peer.peer import Peer
 from p2psync.peer.repair import CHECKPOINT_ID_PREFIX, RepairProgress
-from p2psync.replication.authz import sync_grant_messages
-from p2psync.replication.digest import store_digest
 from p2psync.replication.scope import SyncScope
+from p2psync.state.authz import sync_grant_messages
+from p2psync.state.digest import store_digest
 from tests.peer.support import served
 from tests.replication.support import CHAT, ChatWorld, Step, chat_world, process_all, seeded
 

@@ -12,11 +12,11 @@ import pytest
 import trio
 
 from p2psync.dwn.encoding import message_cid
-from p2psync.peer.copies import checkpoint_id
 from p2psync.peer.peer import Peer
 from p2psync.peer.wire import PeerError
-from p2psync.replication.ledger import Direction
 from p2psync.replication.scope import SyncScope
+from p2psync.state.copies import checkpoint_id
+from p2psync.state.ledger import Direction
 from tests.peer.support import Clock, assert_same, new_store, seeded, served, write_notes
 
 ALICE = seeded("alice-peer")
@@ -296,7 +296,7 @@ def _shared_protocol(store_: object, clock: Clock) -> list[str]:
 
 async def test_grantee_reads_what_the_grant_allows(tmp_path: Path) -> None:
     from p2psync.dwn.engine import Dwn
-    from p2psync.replication.authz import sync_grant_messages
+    from p2psync.state.authz import sync_grant_messages
 
     a = new_store(tmp_path, "a")
     clock = Clock("2024-01-01T00:00:00.000000Z")  # in the past: grants dated now cover the reads
@@ -325,7 +325,7 @@ async def test_grantee_reads_what_the_grant_allows(tmp_path: Path) -> None:
 
 async def test_grants_travel_in_get_collections_and_push_can_be_refused(tmp_path: Path) -> None:
     """A grantee brings its grant to a node of the tenant that has never seen it (§4.1)."""
-    from p2psync.replication.authz import sync_grant_messages
+    from p2psync.state.authz import sync_grant_messages
 
     a = new_store(tmp_path, "a")  # alice's node: records, but no grants
     write_notes(a, ALICE, 3, clock=Clock("2024-01-01T00:00:00.000000Z"))

@@ -69,7 +69,7 @@ def test_batches_bound_memory(store_path: Path, tmp_path: Path, monkeypatch: pyt
 
 
 def test_replica_id_defaults_to_the_store_id_and_refusals(store_path: Path, tmp_path: Path) -> None:
-    from p2psync.peer.copies import store_id
+    from p2psync.state.copies import store_id
 
     first = export_store(store_path, tmp_path / "a")
     store = Store(store_path)

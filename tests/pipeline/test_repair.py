@@ -28,11 +28,11 @@ from p2psync.dwn.did import Identity
 from p2psync.dwn.engine import Dwn
 from p2psync.dwn.store import Store
 from p2psync.home import Home
-from p2psync.peer.copies import store_id
 from p2psync.peer.peer import Peer
 from p2psync.pipeline.export import export_store
 from p2psync.pipeline.reconcile import read_repair_items, reconcile
-from p2psync.replication.digest import store_digest
+from p2psync.state.copies import store_id
+from p2psync.state.digest import store_digest
 from tests.peer.support import served
 from tests.replication.support import ChatWorld, chat_world, process_all
 

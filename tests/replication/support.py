@@ -20,7 +20,7 @@ from p2psync.dwn.replication_types import ReplicationApplyResult
 from p2psync.dwn.store import Store
 from p2psync.dwn.timeutil import add_seconds
 from p2psync.replication.closure import ClosureAdmitter, ClosureOutcome, ReplicationEntry
-from p2psync.replication.local import LocalApplier, LocalStoreFetcher
+from p2psync.state.local import LocalApplier, LocalStoreFetcher
 
 CHAT = "https://p2psync.example/protocols/replicated-chat"
 

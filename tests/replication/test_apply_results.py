@@ -41,7 +41,7 @@ from p2psync.dwn.replication_types import (
 )
 from p2psync.dwn.store import Store
 from p2psync.replication.closure import ClosureAdmitter
-from p2psync.replication.local import LocalApplier, LocalStoreFetcher
+from p2psync.state.local import LocalApplier, LocalStoreFetcher
 from tests.replication.support import (
     CHAT,
     ChatWorld,

@@ -25,8 +25,8 @@ from p2psync.dwn.records import create_records_delete
 from p2psync.dwn.records_write import RecordsWrite
 from p2psync.dwn.store import Store
 from p2psync.dwn.timeutil import add_seconds
-from p2psync.replication.authz import ReadAuthorizer, ReaderDecision, sync_grant_messages
 from p2psync.replication.scope import SyncScope
+from p2psync.state.authz import ReadAuthorizer, ReaderDecision, sync_grant_messages
 from tests.replication.support import CHAT, ChatWorld, chat_world, process_all, seeded
 
 OTHER = "https://p2psync.example/protocols/other"

@@ -45,7 +45,7 @@ from p2psync.replication.closure import (
     Withheld,
     answers_ref,
 )
-from p2psync.replication.local import LocalApplier, LocalStoreFetcher, reconcile
+from p2psync.state.local import LocalApplier, LocalStoreFetcher, reconcile
 from tests.replication.support import (
     CHAT,
     assert_log_matches_messages,

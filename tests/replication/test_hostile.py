@@ -28,7 +28,7 @@ from p2psync.replication.closure import (
     ClosureOutcome,
     ReplicationEntry,
 )
-from p2psync.replication.local import LocalApplier, LocalStoreFetcher
+from p2psync.state.local import LocalApplier, LocalStoreFetcher
 from tests.replication.support import (
     CHAT,
     CHAT_DEFINITION,

@@ -13,7 +13,7 @@ from p2psync.dwn.engine import Dwn
 from p2psync.dwn.replication_types import DependencyRef, ReplicationApplyResult
 from p2psync.dwn.store import Store
 from p2psync.replication.closure import ClosureAdmitter, ClosureOutcome, ReplicationEntry
-from p2psync.replication.local import LocalApplier, LocalStoreFetcher
+from p2psync.state.local import LocalApplier, LocalStoreFetcher
 from tests.replication.support import (
     Step,
     admit_all,

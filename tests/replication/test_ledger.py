@@ -31,7 +31,9 @@ from p2psync.replication.checkpoint import (
     CheckpointTokenNotReceived,
     DirectionCheckpoint,
 )
-from p2psync.replication.ledger import (
+from p2psync.replication.scope import SyncScope
+from p2psync.replication.tokens import ProgressGap, ProgressToken, ProgressTokenDomainMismatch, ProgressTokenForked
+from p2psync.state.ledger import (
     ALLOWED_TRANSITIONS,
     CheckpointCommitted,
     CheckpointRegression,
@@ -50,8 +52,6 @@ from p2psync.replication.ledger import (
     checkpoint_rev,
     retry_delay,
 )
-from p2psync.replication.scope import SyncScope
-from p2psync.replication.tokens import ProgressGap, ProgressToken, ProgressTokenDomainMismatch, ProgressTokenForked
 
 TENANT = "did:key:z6MkTenant"
 REMOTE = "did:key:z6MkRemote"
@@ -406,7 +406,7 @@ def test_listeners_and_logs_see_committed_changes_only(ledger: Ledger, caplog: p
 
     ledger.add_listener(broken)  # a broken observer does not undo anything
     key = ledger.open_link(TENANT, REMOTE, SCOPE).key
-    with caplog.at_level(logging.INFO, logger="p2psync.replication.ledger"):
+    with caplog.at_level(logging.INFO, logger="p2psync.state.ledger"):
         ledger.transition(key, LinkState.LIVE, reason="caught up")
     assert ledger.link(key).state == LinkState.LIVE
     assert [type(e) for e in seen] == [LinkTransition]
@@ -595,7 +595,7 @@ def test_close_without_commit_keeps_the_old_state(tmp_path: Path) -> None:
 _CRASHER = """
 import os, sys
 from p2psync.replication.checkpoint import DirectionCheckpoint
-from p2psync.replication.ledger import Direction, Ledger, LinkKey
+from p2psync.state.ledger import Direction, Ledger, LinkKey
 from p2psync.replication.tokens import ProgressToken
 from p2psync.dwn.encoding import compute_cid, dag_cbor_encode
 path, scope_id, mode = sys.argv[1], sys.argv[2], sys.argv[3]

@@ -22,7 +22,7 @@ from p2psync.dwn.replication_types import Incomplete, Invalid, Role, Superseded
 from p2psync.dwn.store import Store
 from p2psync.dwn.timeutil import add_seconds
 from p2psync.replication.closure import ClosureAdmitter
-from p2psync.replication.local import LocalApplier, LocalStoreFetcher
+from p2psync.state.local import LocalApplier, LocalStoreFetcher
 from tests.replication.support import CHAT, CHAT_DEFINITION, ChatWorld, Step, chat_world, process_all, snapshot
 
 

@@ -28,12 +28,10 @@ from p2psync.replication.tokens import (
     ProgressTokenForked,
     ProgressTokenInvalid,
     ReplayBounds,
-    check_token,
     gap_for,
     is_message_cid,
-    read_tokens,
-    replay_bounds,
 )
+from p2psync.state.log import check_token, read_tokens, replay_bounds  # noqa: E402
 
 TENANT = "did:key:z6MkTenant"
 

@@ -26,7 +26,7 @@ Guarantees:
   are not: in one WAL file, commits become durable in order.
 
 State changes are events: each is a row of ``ledger_transitions`` (``transitions()``), a log
-record on the ``p2psync.replication.ledger`` logger with the RFC's log fields, and a call to
+record on the ``p2psync.state.ledger`` logger with the RFC's log fields, and a call to
 every listener (``add_listener``) after the commit. Checkpoint commits are events too
 (``CheckpointCommitted``), for metrics; they are not logged as rows.
 
