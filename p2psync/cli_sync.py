@@ -24,7 +24,7 @@ import trio
 from p2psync.dwn.did import Identity
 from p2psync.dwn.errors import DwnError
 from p2psync.dwn.store import Store
-from p2psync.peer.stats import SyncProgress, SyncSummary
+from p2psync.replication.stats import SyncProgress, SyncSummary
 
 if TYPE_CHECKING:
     from p2psync.node.config import NodeConfig
@@ -112,7 +112,7 @@ def describe_failure(exc: BaseException, url: str) -> str | None:
     """The one line for a sync failure, or None when ``exc`` is not one we explain."""
     from p2psync import blip
     from p2psync.peer.session import HelloFailed
-    from p2psync.peer.wire import PeerError
+    from p2psync.replication.wire import PeerError
 
     exc = _leaf(exc)
     if isinstance(exc, PeerError) and exc.name == "ConnectionLost":

@@ -15,7 +15,7 @@ import trio
 
 from p2psync.blip import connect
 from p2psync.cli_sync import describe_failure
-from p2psync.peer.wire import PeerError
+from p2psync.replication.wire import PeerError
 
 
 def _closed_port() -> int:

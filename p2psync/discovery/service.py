@@ -38,7 +38,7 @@ from zeroconf import InterfaceChoice, ServiceBrowser, ServiceInfo, ServiceStateC
 
 from p2psync.discovery.model import SERVICE_TYPE, Advert, PeerGone, PeerSeen
 from p2psync.discovery.txt import SALT_BYTES, DiscoveryError, decode_txt, encode_txt
-from p2psync.peer.wire import PROFILE_VERSION
+from p2psync.replication.wire import PROFILE_VERSION
 
 __all__ = [
     "CHECK_EVERY",

@@ -4,7 +4,7 @@ Two sources:
 
 - the ledger, read at scrape time on the trio thread (the one thread that uses the store's
   connection): each link's state, failures and checkpoint positions;
-- the peer's hooks (:class:`~p2psync.peer.observer.SyncObserver`) and ledger events, counted
+- the peer's hooks (:class:`~p2psync.replication.observer.SyncObserver`) and ledger events, counted
   in plain integers as they happen (everything runs on the trio thread, so no locks).
 
 prometheus_client provides the metric families and the exposition format; the endpoint is a
@@ -74,7 +74,7 @@ def scope_label(scope: SyncScope) -> str:
 
 
 class NodeMetrics:
-    """The metrics of one node: a :class:`~p2psync.peer.observer.SyncObserver` for its peer and
+    """The metrics of one node: a :class:`~p2psync.replication.observer.SyncObserver` for its peer and
     a collector over its ledger, in a registry of its own (two nodes in one process do not mix).
 
     ``node_facts``: called at each scrape for the node's own gauges (links by origin, peers

@@ -42,7 +42,7 @@ from p2psync.node.discovery_api import AUTO_CAPABILITY, AdvertInfo, DiscoveryFac
 from p2psync.node.links import LinkKey, LinkSpec, plan_links
 from p2psync.node.metrics import NodeMetrics, scope_label, serve_metrics
 from p2psync.peer.peer import Peer
-from p2psync.peer.wire import APP_ID
+from p2psync.replication.wire import APP_ID
 from p2psync.state.committer import StoreUnavailable
 from p2psync.state.ledger import retry_delay
 
@@ -368,7 +368,7 @@ class Node:
             if link.spec.origin == "static" and link.remote_sid is None and session.theirs is not None:
                 link.remote_sid = self.static_sids[link.spec.url] = session.theirs.store_id
             feeds = [s.caught_up for s in session.sinks.values()] + [s.caught_up for s in session.sources.values()]
-            if link.failures and any(caught_up.is_set() for caught_up in feeds):
+            if link.failures and any(feeds):
                 link.failures = 0  # healthy again: a round caught up
                 self._status_dirty = True
         wanted = plan_links(

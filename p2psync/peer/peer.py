@@ -37,19 +37,23 @@ from p2psync.dwn.did import Identity
 from p2psync.dwn.engine import Dwn
 from p2psync.dwn.progress import ProgressToken
 from p2psync.dwn.store import Store
-from p2psync.peer.hello import new_hello
-from p2psync.peer.observer import NO_OBSERVER, SyncObserver
 from p2psync.peer.repair import RepairProgress, RepairSummary, WantedMessage, fetch_messages
-from p2psync.peer.session import ALL_PROFILES, PeerSession
-from p2psync.peer.sink import Sink
-from p2psync.peer.source import Source
-from p2psync.peer.stats import SyncProgress, SyncStats, SyncSummary
-from p2psync.peer.wire import APP_ID, DEFAULT_BATCH, PeerError, decode_body, encode_body
+from p2psync.peer.session import PeerSession
 from p2psync.replication.checkpoint import DirectionCheckpoint
+from p2psync.replication.effects import Operation
+from p2psync.replication.hello import new_hello
+from p2psync.replication.observer import NO_OBSERVER, SyncObserver
+from p2psync.replication.protocol import ALL_PROFILES
 from p2psync.replication.scope import SyncScope
+from p2psync.replication.sink import Sink
+from p2psync.replication.source import Source
+from p2psync.replication.stats import SyncProgress, SyncStats, SyncSummary
+from p2psync.replication.wire import APP_ID, DEFAULT_BATCH, PeerError
+from p2psync.state.authz import ReadAuthorizer
 from p2psync.state.committer import GroupCommitter
 from p2psync.state.copies import CheckpointCopies, checkpoint_id, store_id
 from p2psync.state.ledger import Direction, Ledger, LinkKey, LinkState, retry_delay
+from p2psync.state.service import StoreService
 
 __all__ = [
     "AGENT", "CHECKPOINT_INTERVAL", "Peer", "RepairProgress", "RepairSummary", "SyncProgress", "SyncStats",
@@ -67,6 +71,8 @@ ONE_SHOT_ATTEMPTS: Final = 3
 #: A one-shot round that moves nothing for this long is abandoned and retried: BLIP pings keep
 #: a connection open even when the other side's replication is stuck. Ours.
 STALL_TIMEOUT: Final = 120.0
+#: How long a stopping push may take to settle its `rev`s in flight before the final save. Ours.
+STOP_GRACE: Final = 5.0
 
 Direction_ = Literal["pull", "push", "both"]
 Connector = Callable[[dict[str, Any]], AbstractAsyncContextManager[blip.Connection]]
@@ -101,11 +107,9 @@ class Peer:
         self.committer = GroupCommitter(store)
         self.store_id = store_id(store)
         self.accept_push = accept_push
-        if authorizer is None:
-            from p2psync.state.authz import ReadAuthorizer
-
-            authorizer = ReadAuthorizer(store)
-        self.authorizer = authorizer
+        self.authorizer = authorizer if authorizer is not None else ReadAuthorizer(store)
+        self.service = StoreService(store, dwn=self.dwn, ledger=self.ledger, copies=self.copies,
+                                    committer=self.committer, authorizer=self.authorizer)
         self.max_unanswered_revs = max_unanswered_revs
         self.max_data = max_data
         self._rng = rng or random.Random()
@@ -123,20 +127,17 @@ class Peer:
             extra["max_unanswered_revs"] = self.max_unanswered_revs
         if self.max_data is not None:
             extra["max_data"] = self.max_data
-        session = PeerSession(
-            store=self.store, dwn=self.dwn, identity=self.identity, ledger=self.ledger, copies=self.copies,
-            committer=self.committer, mine=new_hello(self.identity.did, self.store_id, AGENT), active=active,
-            accept_push=self.accept_push, authorizer=self.authorizer, **extra,
+        return PeerSession(
+            service=self.service, identity=self.identity, mine=new_hello(self.identity.did, self.store_id, AGENT),
+            active=active, accept_push=self.accept_push, observer=self.metrics, **extra,
         )
-        session.metrics = self.metrics
-        return session
 
     def session_for(self, conn: blip.Connection, active: bool) -> PeerSession:
         """The session of ``conn`` (made on first use)."""
         session = self._sessions.get(conn)
         if session is None:
             session = self._new_session(active)
-            session.conn = conn
+            session.attach(conn)
             self._sessions[conn] = session
         return session
 
@@ -317,6 +318,7 @@ class _Round:
         self.source: Source | None = None
         self._latest: int | None = None
         self._replay_until = -1
+        self._push_op: Operation | None = None
         self._activity = trio.current_time()
 
     @property
@@ -331,16 +333,9 @@ class _Round:
             assert session.theirs is not None
             self.remote = f"{session.theirs.did}?storeId={session.theirs.store_id}"
             cp_id = checkpoint_id(peer.store_id, session.theirs.store_id, self.scope.scope_id, self.tenant)
-            self.index = session.declare(self.tenant, self.scope, cp_id)
-            coll: dict[str, Any] = {"tenant": self.tenant, "scope": self.scope.to_wire(), "checkpointId": cp_id}
-            if self.grants:
-                coll["grants"] = self.grants
-            reply = await session.call("getCollections", {}, encode_body({"collections": [coll]}))
-            copies = decode_body(reply.body)
-            copy = copies[0] if isinstance(copies, list) and copies else None
-            if not isinstance(copy, dict):
-                session.refused(self.index)
-                raise PeerError(404, "CollectionNotFound", "the peer refused the collection")
+            self.index, copy = await session.run(
+                session.proto.open_collection(self.tenant, self.scope, cp_id, self.grants)
+            )
             link = self.ledger.open_link(self.tenant, self.remote, self.scope)
             self.key = link.key
             self.copy_rev = copy.get("rev") if isinstance(copy.get("rev"), str) else None
@@ -359,6 +354,11 @@ class _Round:
                             directions.start_soon(self._pull, pull_since)
                         if self.push:
                             directions.start_soon(self._push, push_since)
+                    if self.stopped and self._push_op is not None and not self._push_op.done:
+                        # Let the stopped push settle what it has in flight, so that the
+                        # final save below holds it.
+                        with trio.move_on_after(STOP_GRACE):
+                            await session.run(self._push_op)
                     done.set()
             except BaseExceptionGroup as group:
                 raise _first_cause(group) from None
@@ -403,17 +403,14 @@ class _Round:
         assert session is not None and key is not None
         stats = self.totals.setdefault("pull", SyncStats())
         while True:
-            sink = self.sink = Sink(session, self.index, self.tenant, key=key, since=since,
-                                    max_data=session.max_data, on_progress=lambda: self._progress("pull"))
+            operation, sink = session.proto.pull(
+                self.index, since, key=key, direction=Direction.PULL, batch=self.batch, continuous=self.continuous,
+                on_progress=lambda: self._progress("pull"),
+            )
+            self.sink = sink
             sink.stats = stats
-            session.sinks[self.index] = sink
-            props = {"collection": str(self.index), "batch": str(self.batch)}
-            if self.continuous:
-                props["continuous"] = "true"
             try:
-                reply = await session.call(
-                    "subChanges", props, encode_body({} if since is None else {"since": since.to_wire()})
-                )
+                await session.run(operation)
             except PeerError as exc:
                 if exc.code != 410:
                     raise
@@ -425,14 +422,10 @@ class _Round:
                 self.ledger.reset_checkpoint(key, Direction.PULL, rev, reason="progress_gap")
                 since = None
                 continue
-            latest = decode_body(reply.body).get("latest") if reply.body else None
-            if isinstance(latest, dict) and isinstance(latest.get("position"), str):
-                stats.latest = int(latest["position"]) if latest["position"].isdigit() else None
-            await sink.wait_drained()
-            session.committer.flush()
+            self.peer.committer.flush()
             if self.continuous:
                 self._go_live()
-                await _until_closed(session)
+                await session.until_closed()
             return
 
     def _go_live(self) -> None:
@@ -445,24 +438,17 @@ class _Round:
 
     async def _push(self, since: ProgressToken | None) -> None:
         session, key = self.session, self.key
-        assert session is not None and key is not None
-        coll = session.collections[self.index]
-        assert coll is not None
-        decision = session.decision(coll)
-        if not decision.allowed:
-            # §5: pushing is disclosure; only to an authorized reader by our own store.
-            raise PeerError(403, "SyncNotAuthorized", f"the peer may not read this tenant: {decision.reason}")
+        assert session is not None and key is not None and session.theirs is not None
         since = self._push_domain(since)
-        source = self.source = Source(
-            session, self.index, self.tenant, self.scope, batch=self.batch, continuous=self.continuous,
-            push_key=key, may_read=decision.may_read, on_progress=lambda: self._progress("push"),
+        operation, source = session.proto.push(
+            self.index, since, key=key, direction=Direction.PUSH, batch=self.batch, continuous=self.continuous,
+            suppress_origin=session.theirs.store_id, replay_until=self._replay_until,
+            on_progress=lambda: self._progress("push"),
         )
+        self.source = source
+        self._push_op = operation
         source.stats = self.totals.setdefault("push", SyncStats())
-        assert session.theirs is not None
-        source.suppress_origin = session.theirs.store_id
-        source.replay_until = self._replay_until
-        session.sources[self.index] = source
-        await source.run(since)
+        await session.run(operation)
 
     def _push_domain(self, since: ProgressToken | None) -> ProgressToken | None:
         """§11: a pusher whose own log changed stream or epoch resets its push document."""
@@ -491,18 +477,15 @@ class _Round:
         """Send the pair as the ledger holds it (only committed documents, §4.4 order)."""
         session, key = self.session, self.key
         assert session is not None and key is not None
-        session.committer.flush()
+        self.peer.committer.flush()
         pull, _ = self.ledger.get_checkpoint(key, Direction.PULL)
         push, _ = self.ledger.get_checkpoint(key, Direction.PUSH)
         pair = {"pull": pull.to_wire(), "push": push.to_wire()}
         if pair == self._saved:
             return
         for _ in range(2):
-            props = {"collection": str(self.index)}
-            if self.copy_rev is not None:
-                props["rev"] = self.copy_rev
             try:
-                done = await session.call("setCheckpoint", props, encode_body(pair))
+                rev = await session.run(session.proto.save_checkpoint(self.index, pair, self.copy_rev))
             except PeerError as exc:
                 if exc.code != 409 or exc.name != "CheckpointRevConflict":
                     raise
@@ -510,7 +493,7 @@ class _Round:
                 current = exc.body.get("rev")
                 self.copy_rev = current if isinstance(current, str) else None
                 continue
-            self.copy_rev = done.properties.get("rev")
+            self.copy_rev = rev
             self._saved = pair
             return
         raise PeerError(409, "CheckpointRevConflict", "the copy changed twice while saving")
@@ -530,10 +513,11 @@ class _Round:
             await stop.wait()
             self.stopped = True
             directions.cancel()
-            if self.sink is not None:
+            if self.session is not None:
                 # Refuse the `rev`s still coming (the source keeps feeding until we close), so
                 # that nothing is applied after the final save: the copy matches the ledger.
-                self.sink.fail(PeerError(503, "Stopping", "this peer is stopping"))
+                self.session.proto.stop_feeds(PeerError(503, "Stopping", "this peer is stopping"))
+                self.session.pump()
             watch.cancel_scope.cancel()
 
     async def _watchdog(self, done: trio.Event) -> None:
@@ -577,10 +561,3 @@ def _first_cause(group: BaseExceptionGroup[Any]) -> BaseException:
             if isinstance(leaf, kind) and not (isinstance(leaf, PeerError) and leaf.name == "ConnectionLost"):
                 return leaf
     return leaves[0]
-
-
-async def _until_closed(session: PeerSession) -> None:
-    assert session.conn is not None
-    await session.conn.wait_closed()
-    raise PeerError(503, "ConnectionLost", session.conn.close_reason or "closed")
-

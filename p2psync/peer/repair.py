@@ -34,19 +34,17 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
+from typing import Any, Final, Literal, Protocol, TypeAlias
 
 from p2psync import blip
 from p2psync.dwn.replication_types import DependencyRef, InitialWrite, Invalid
 from p2psync.dwn.replication_types import Protocol as ProtocolRef
-from p2psync.peer.sink import Sink
-from p2psync.peer.stats import SyncStats
-from p2psync.peer.wire import MAX_REFS, PeerError, decode_body, decode_map, encode_body
+from p2psync.dwn.store import Store
+from p2psync.peer.session import PeerSession
 from p2psync.replication.closure import ReplicationEntry
 from p2psync.replication.scope import SyncScope
-
-if TYPE_CHECKING:
-    from p2psync.peer.peer import Peer
+from p2psync.replication.stats import SyncStats
+from p2psync.replication.wire import MAX_REFS, PeerError
 
 __all__ = [
     "CHECKPOINT_ID_PREFIX",
@@ -223,8 +221,18 @@ def _invalid_code(reason: str) -> str:
     return match[1] if match else "Invalid"
 
 
+class RepairingPeer(Protocol):
+    """What a repair needs of the peer (:class:`~p2psync.peer.peer.Peer` is one)."""
+
+    store: Store
+
+    def handlers(self, *, active: bool) -> dict[str, Any]: ...
+
+    def session_for(self, conn: blip.Connection, active: bool) -> PeerSession: ...
+
+
 async def fetch_messages(
-    peer: Peer,
+    peer: RepairingPeer,
     connect: Connector,
     *,
     tenant: str,
@@ -250,18 +258,10 @@ async def fetch_messages(
         await session.hello()
         assert session.theirs is not None
         remote = f"{session.theirs.did}?storeId={session.theirs.store_id}"
-        cp_id = one_off_checkpoint_id()
-        index = session.declare(tenant, scope, cp_id)
-        coll = {"tenant": tenant, "scope": scope.to_wire(), "checkpointId": cp_id}
-        reply = await session.call("getCollections", {}, encode_body({"collections": [coll]}))
-        copies = decode_body(reply.body)
-        if not (isinstance(copies, list) and copies and isinstance(copies[0], dict)):
-            session.refused(index)
-            raise PeerError(404, "CollectionNotFound", "the peer refused the collection")
+        index, _ = await session.run(session.proto.open_collection(tenant, scope, one_off_checkpoint_id()))
         summary = RepairSummary(tenant, remote)
-        sink = Sink(session, index, tenant, key=None)
-        sink.stats = summary.stats
-        await _Repair(sink, summary, len(wanted), on_progress).run(wanted, batch)
+        session.proto.repair_sink(index).stats = summary.stats
+        await _Repair(peer.store, session, index, tenant, summary, len(wanted), on_progress).run(wanted, batch)
         await conn.aclose()
     summary.seconds = time.monotonic() - started
     return summary
@@ -271,9 +271,14 @@ class _Repair:
     """The per-CID loop of one :func:`fetch_messages` over an open collection."""
 
     def __init__(
-        self, sink: Sink, summary: RepairSummary, total: int, on_progress: Callable[[RepairProgress], None] | None
+        self, store: Store, session: PeerSession, index: int, tenant: str, summary: RepairSummary, total: int,
+        on_progress: Callable[[RepairProgress], None] | None,
     ) -> None:
-        self.sink = sink
+        self.store = store
+        self.session = session
+        self.index = index
+        self.tenant = tenant
+        self.stats = summary.stats
         self.summary = summary
         self.total = total
         self.on_progress = on_progress
@@ -291,7 +296,7 @@ class _Repair:
 
     def _held(self, cid: str) -> MessageOutcome | None:
         """An outcome without asking when the store holds ``cid`` already."""
-        if not self.sink.session.store.messages.has(self.sink.tenant, cid):
+        if not self.store.messages.has(self.tenant, cid):
             return None
         # Held because an earlier message of this run brought it as a dependency: applied.
         return MessageOutcome(cid, "applied" if cid in self.stored_here else "present")
@@ -326,14 +331,9 @@ class _Repair:
         self.summary.outcomes.sort(key=lambda o: order[o.cid])
 
     async def _request(self, todo: Sequence[WantedMessage]) -> list[Any]:
-        sink = self.sink
-        body = encode_body({"refs": [w.ref().to_json() for w in todo]})
-        async with sink.session.dependency_slots:
-            reply = await sink.session.call("getDependencies", {"collection": str(sink.index)}, body)
-        sink.stats.bytes_received += len(reply.body)
-        answers = decode_map(reply.body).get("answers")
-        if not isinstance(answers, list) or len(answers) != len(todo):
-            raise PeerError(400, "BodyInvalid", "getDependencies answers do not match the refs")
+        answers: list[Any] = await self.session.run(
+            self.session.proto.get_dependencies(self.index, [w.ref() for w in todo])
+        )
         return answers
 
     async def _admit(self, wanted: WantedMessage, answer: Any) -> MessageOutcome:
@@ -353,16 +353,18 @@ class _Repair:
         if held is not None:
             return held
         try:
-            entry = await self.sink.entry_of(matching[0])  # data fetched and checked here
+            # Data fetched and checked, the closure admitted, the commit durable.
+            _, result, outcome = await self.session.run(self.session.proto.admit(self.index, matching[0]))
         except PeerError as exc:
+            if exc.name == "StoreUnavailable":
+                raise
             return MessageOutcome(cid, "refused", exc.name, exc.detail)
-        self.sink.stats.revs_received += 1
-        result, outcome = await self.sink.admit(entry)
-        self.sink.stats.results[result.kind] = self.sink.stats.results.get(result.kind, 0) + 1
+        self.stats.revs_received += 1
+        self.stats.results[result.kind] = self.stats.results.get(result.kind, 0) + 1
         dependencies = tuple(c for c in outcome.applied if c != cid)
         kind = result.kind
         if kind == "Applied":
-            self.sink.stats.revs_applied += 1
+            self.stats.revs_applied += 1
             return MessageOutcome(cid, "applied", dependencies=dependencies)
         if kind == "Duplicate":
             return MessageOutcome(cid, "applied" if cid in self.stored_here else "present", dependencies=dependencies)

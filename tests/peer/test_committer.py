@@ -11,7 +11,7 @@ import trio
 from p2psync.dwn.encoding import compute_cid
 from p2psync.dwn.progress import ProgressToken
 from p2psync.dwn.store import Store
-from p2psync.peer.window import ProgressWindow
+from p2psync.replication.window import ProgressWindow
 from p2psync.state.committer import GroupCommitter, StoreUnavailable
 
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from p2psync.peer.hello import Hello, HelloProofInvalid, verify_proof
-from p2psync.peer.wire import decode_body, encode_body
+from p2psync.replication.hello import Hello, HelloProofInvalid, verify_proof
+from p2psync.replication.wire import decode_body, encode_body
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "protocol" / "examples" / "replication"
 FILES = sorted(EXAMPLES.glob("*.json"))

@@ -19,7 +19,7 @@ import trio.testing
 from p2psync import blip
 from p2psync.blip.transport import IDLE_TIMEOUT
 from p2psync.peer.peer import Peer
-from p2psync.peer.wire import APP_ID
+from p2psync.replication.wire import APP_ID
 from p2psync.state.ledger import Direction
 from tests.peer.support import Clock, assert_same, new_store, seeded, write_notes
 

@@ -13,7 +13,7 @@ import trio
 
 from p2psync.dwn.encoding import message_cid
 from p2psync.peer.peer import Peer
-from p2psync.peer.wire import PeerError
+from p2psync.replication.wire import PeerError
 from p2psync.replication.scope import SyncScope
 from p2psync.state.copies import checkpoint_id
 from p2psync.state.ledger import Direction
@@ -75,7 +75,7 @@ async def test_resume_after_disconnect_sends_nothing_twice(tmp_path: Path) -> No
         rounds_seen: list[int] = []
 
         def on_progress(progress: object) -> None:
-            from p2psync.peer.stats import SyncProgress
+            from p2psync.replication.stats import SyncProgress
 
             assert isinstance(progress, SyncProgress)
             if progress.messages >= 20 and not rounds_seen:

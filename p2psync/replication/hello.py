@@ -16,7 +16,7 @@ from p2psync.dwn.did import Identity, resolve
 from p2psync.dwn.encoding import b64url_decode, b64url_encode
 from p2psync.dwn.errors import DwnError
 from p2psync.dwn.jws import sign_payload, verify
-from p2psync.peer.wire import HELLO_NONCE_BYTES, PROFILE_VERSION, SUBPROTOCOL, refuse
+from p2psync.replication.wire import HELLO_NONCE_BYTES, PROFILE_VERSION, SUBPROTOCOL, refuse
 
 __all__ = ["HELLO_PURPOSE", "Hello", "HelloProofInvalid", "make_proof", "new_hello", "verify_proof"]
 

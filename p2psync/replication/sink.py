@@ -1,31 +1,50 @@
 """The receiving side of one direction of one collection (replication-profiles.md §6.2, §7, §8).
 
 A :class:`Sink` answers the source's listing (`changes` for a pull, `proposeChanges` for a
-push) with statuses and applies each `rev` through the closure loop, in listed order, fetching
-missing dependencies (`getDependencies`) and large data (`getAttachment`) from the source on
-the same connection. Both directions run this same code: whether we opened the connection or
-not only decides who keeps the tokens. A pull sink (the active peer) hands its settled tokens
-to the ledger in the same commit as the applies they describe; a push sink (the passive peer)
-keeps no tokens (§7: the pusher owns its push checkpoint).
+push) with statuses and applies each `rev` through the closure loop, in listed order,
+fetching missing dependencies (`getDependencies`) and large data (`getAttachment`) from the
+source on the same connection. Both directions run this same code: whether we opened the
+connection only decides who keeps the tokens. A pull sink (the active peer) hands its
+settled tokens to the ledger in the same commit as the applies they describe; a push sink
+(the passive peer) keeps none (§7: the pusher owns its push checkpoint).
 
+Sans-I/O: every method that needs the store or the other peer is a generator of effects
+(:mod:`p2psync.replication.effects`), run by :class:`~p2psync.replication.protocol.ReplicationProtocol`.
 Replies to `rev` wait for the group commit that holds the apply (§8.2 step 4).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Final
-
-import trio
+from collections.abc import Callable, Generator
+from typing import Any, Final, Protocol
 
 from p2psync.dwn.datacid import data_cid
 from p2psync.dwn.errors import DwnError
 from p2psync.dwn.progress import ProgressToken
 from p2psync.dwn.replication_types import Deferred, DependencyRef, ReplicationApplyResult
-from p2psync.peer.stats import SyncStats
-from p2psync.peer.window import ProgressWindow, WindowItem
-from p2psync.peer.wire import (
+from p2psync.replication.closure import (
+    ApplyRequest,
+    ClosureAdmitter,
+    ClosureOutcome,
+    ReplicationEntry,
+    Withheld,
+)
+from p2psync.replication.effects import (
+    Apply,
+    Call,
+    Durable,
+    HeldMessages,
+    RecordSteps,
+    Response,
+    Signal,
+    Slots,
+    StoreRequest,
+)
+from p2psync.replication.observer import SyncObserver
+from p2psync.replication.stats import SyncStats
+from p2psync.replication.window import ProgressWindow, WindowItem
+from p2psync.replication.wire import (
     DEFAULT_MAX_DATA,
     INLINE_DATA_MAX,
     MAX_ENTRIES_PER_REF,
@@ -37,15 +56,8 @@ from p2psync.peer.wire import (
     int_property,
     refuse,
 )
-from p2psync.replication.checkpoint import CheckpointPendingOverflow
-from p2psync.replication.closure import ClosureAdmitter, ClosureOutcome, ReplicationEntry, Withheld
-from p2psync.state.committer import StoreUnavailable
-from p2psync.state.ledger import Direction, LinkKey
 
-if TYPE_CHECKING:
-    from p2psync.peer.session import PeerSession
-
-__all__ = ["SETTLING_KINDS", "Sink", "check_data"]
+__all__ = ["SETTLING_KINDS", "Sink", "SinkHost", "check_data"]
 
 log = logging.getLogger("p2psync.peer")
 
@@ -58,61 +70,22 @@ SETTLING_KINDS: Final = frozenset({"Applied", "Duplicate", "Superseded", "Invali
 #: 300 MB the issue allows per side. Ours.
 PREFETCH_BYTES: Final = 32 * 1024 * 1024
 
-
-class _Applier:
-    """The local engine inside the peer's group commit; remembers the root's result and the
-    last batch written (the `rev` reply waits for it)."""
-
-    def __init__(self, session: PeerSession, root_cid: str) -> None:
-        self.session = session
-        self.root_cid = root_cid
-        self.last: ReplicationApplyResult | None = None
-        self.batch: Any = None
-
-    async def apply(self, tenant: str, entry: ReplicationEntry) -> ReplicationApplyResult:
-        session = self.session
-
-        def apply_and_note_origin() -> ReplicationApplyResult:
-            result = session.dwn.apply_replicated_message(tenant, entry.message, entry.data, cid=entry.cid)
-            if result.kind == "Applied" and session.theirs is not None:
-                session.origins.record(tenant, entry.cid, session.theirs.store_id)
-            return result
-
-        result, self.batch = session.committer.run(apply_and_note_origin)
-        if entry.cid == self.root_cid:
-            self.last = result
-        return result
+Effects = Generator[Any, Any, Any]
 
 
-class _RemoteFetcher:
-    """Answers the closure loop's refs from the source (``getDependencies``, §10)."""
+class SinkHost(Protocol):
+    """What a sink needs of its connection's protocol object."""
 
-    def __init__(self, sink: Sink) -> None:
-        self.sink = sink
+    observer: SyncObserver
+    dependency_slots: Slots
+    attachment_slots: Slots
 
-    async def fetch(self, tenant: str, refs: Sequence[DependencyRef]) -> list[Sequence[ReplicationEntry]]:
-        out: list[Sequence[ReplicationEntry]] = []
-        refs = list(refs)
-        sink = self.sink
-        for start in range(0, len(refs), MAX_REFS):
-            chunk = refs[start : start + MAX_REFS]
-            sink.session.metrics.dependencies_missing(chunk)
-            body = encode_body({"refs": [r.to_json() for r in chunk]})
-            async with sink.session.dependency_slots:
-                reply = await sink.session.call("getDependencies", {"collection": str(sink.index)}, body, urgent=True)
-            sink.stats.bytes_received += len(reply.body)
-            answers = decode_map(reply.body).get("answers")
-            if not isinstance(answers, list) or len(answers) != len(chunk):
-                raise PeerError(400, "BodyInvalid", "getDependencies answers do not match the refs")
-            for answer in answers:
-                entries: list[ReplicationEntry] = []
-                raw = answer.get("entries", []) if isinstance(answer, dict) else []
-                for item in raw[:MAX_ENTRIES_PER_REF] if isinstance(raw, list) else []:
-                    entries.append(await sink.entry_of(item))
-                withheld = isinstance(answer, dict) and answer.get("withheld") is True
-                out.append(Withheld(entries) if withheld else entries)
-                sink.stats.dependencies_fetched += len(entries)
-        return out
+    @property
+    def remote_store_id(self) -> str | None: ...
+
+    def signal(self) -> Signal: ...
+
+    def store_later(self, request: StoreRequest) -> None: ...
 
 
 class Sink:
@@ -123,41 +96,43 @@ class Sink:
 
     def __init__(
         self,
-        session: PeerSession,
+        host: SinkHost,
         index: int,
         tenant: str,
         *,
-        key: LinkKey | None,
+        key: Any,
         since: ProgressToken | None = None,
         max_data: int = DEFAULT_MAX_DATA,
-        on_progress: Callable[[], None] | None = None,
+        direction: Any = None,
     ) -> None:
-        self.session = session
+        self.host = host
         self.index = index
         self.tenant = tenant
         self.key = key
+        self.direction = direction
         self.domain = None if since is None else since.domain
         self.max_data = max_data
         self.window = ProgressWindow()
         self.window.last = since
         self.stats = SyncStats()
-        self.caught_up = trio.Event()
+        self.caught_up = False
         self.failed: PeerError | None = None
-        self._changed = trio.Event()
-        self._on_progress = on_progress
+        #: fired on every change of the window (listing, outcome, failure)
+        self.changed = host.signal()
+        #: called on every change too (progress reports, the stall watchdog)
+        self.on_progress: Callable[[], None] | None = None
         self._prefetch_room = PREFETCH_BYTES
 
     # -- plumbing ---------------------------------------------------------------------------
 
     def _notify(self) -> None:
-        self._changed.set()
-        self._changed = trio.Event()
+        self.changed.fire()
         # Wake only the `rev` whose turn it now is: hundreds may be waiting (§12's 1,000).
         first = self.window.first_open()
         if first is not None and first.turn is not None:
-            first.turn.set()
-        if self._on_progress is not None:
-            self._on_progress()
+            first.turn.fire()
+        if self.on_progress is not None:
+            self.on_progress()
 
     def fail(self, error: PeerError) -> None:
         """End this feed with ``error`` (seen by whoever waits on it)."""
@@ -165,52 +140,45 @@ class Sink:
             self.failed = error
         for item in self.window.open_items():
             if item.turn is not None:
-                item.turn.set()
+                item.turn.fire()
         self._notify()
 
     def drained(self) -> bool:
-        return self.caught_up.is_set() and self.window.first_open() is None
+        return self.caught_up and self.window.first_open() is None
 
-    async def wait_drained(self) -> None:
+    def wait_drained(self) -> Effects:
         """Until caught up with every wanted `rev` answered (or the feed failed)."""
         while not self.drained():
             if self.failed is not None:
                 raise self.failed
-            conn = self.session.conn
-            if conn is not None and conn.closed:
-                raise PeerError(503, "ConnectionLost", conn.close_reason or "closed")
-            changed = self._changed
-            with trio.move_on_after(1.0):
-                await changed.wait()
+            yield self.changed
         if self.failed is not None:
             raise self.failed
-        self._record_steps()
-
-    def _record_steps(self) -> None:
-        """Give the ledger the finished prefix of the window (inside the open batch, if any)."""
         steps = self.window.take_steps()
-        if not steps or self.key is None:
-            return
-        try:
-            self.session.ledger.record(self.key, Direction.PULL, steps)
-        except CheckpointPendingOverflow as exc:
-            # The ledger moved the link to repairing in the same batch; stop taking items up.
-            self.fail(PeerError(409, "CheckpointPendingOverflow", str(exc)))
+        if steps and self.key is not None:
+            yield RecordSteps(self.key, self.direction, tuple(steps), index=self.index)
 
     def _settle_later(self) -> None:
-        self.session.committer.before_commit(self._record_steps)
+        """Hand the finished prefix of the window to the ledger in the open commit."""
+        steps = self.window.take_steps()
+        if steps and self.key is not None:
+            self.host.store_later(RecordSteps(self.key, self.direction, tuple(steps), at_commit=True, index=self.index))
 
-    async def _turn(self, item: WindowItem) -> None:
+    def _turn(self, item: WindowItem) -> Effects:
         """Wait until every item listed before ``item`` has an outcome (apply in listed order)."""
-        if self.window.first_open() is not item:
-            item.turn = trio.Event()
-            await item.turn.wait()
+        while self.failed is None and self.window.first_open() is not item:
+            if item.turn is None:
+                item.turn = self.host.signal()
+            yield item.turn
         if self.failed is not None:
-            raise _blip(self.failed)
+            raise self.failed
+
+    def _count(self, kind: str) -> None:
+        self.stats.results[kind] = self.stats.results.get(kind, 0) + 1
 
     # -- data -------------------------------------------------------------------------------
 
-    async def entry_of(self, obj: Any) -> ReplicationEntry:
+    def entry_of(self, obj: Any) -> Effects:
         """A MessageEntry (§8.1) as a ReplicationEntry, fetching out-of-line data (§9.1)."""
         if not isinstance(obj, dict) or not isinstance(obj.get("message"), dict):
             raise PeerError(400, "BodyInvalid", "MessageEntry needs a message map")
@@ -227,30 +195,126 @@ class Sink:
                 raise PeerError(424, "AttachmentInvalid", "small data must travel inline")
             if size > self.max_data:
                 raise PeerError(413, "BodyTooLarge", f"data of {size} bytes is above this peer's limit")
-            data = await self._attachment(entry.cid, message, size)
+            data = yield from self._attachment(entry.cid, message, size)
             self.stats.attachments_fetched += 1
         if not isinstance(data, bytes):
             raise PeerError(400, "BodyInvalid", "data must be a byte string")
         check_data(message, size, data)
         return entry.with_data(data)
 
-    async def _attachment(self, cid: str, message: dict[str, Any], size: int) -> bytes:
+    def _attachment(self, cid: str, message: dict[str, Any], size: int) -> Effects:
         descriptor = message.get("descriptor") if isinstance(message.get("descriptor"), dict) else {}
         dcid = descriptor.get("dataCid") if isinstance(descriptor, dict) else None
         if not isinstance(dcid, str):
             raise PeerError(424, "AttachmentInvalid", "message names no dataCid")
         props = {"collection": str(self.index), "messageCid": cid, "dataCid": dcid}
+        slots = self.host.attachment_slots
+        yield from slots.acquire()
         try:
-            data = await self.session.fetch_attachment(props, size)
+            reply: Response = yield Call("getAttachment", props, max_reply=size)
         except PeerError as exc:
             raise PeerError(424, "AttachmentUnavailable", str(exc)) from exc
-        self.stats.bytes_received += len(data)
-        return data
+        finally:
+            slots.release()
+        self.stats.bytes_received += len(reply.body)
+        return reply.body
+
+    def fetch(self, refs: list[DependencyRef]) -> Effects:
+        """Answer the closure loop's refs from the source (``getDependencies``, §10)."""
+        out: list[Any] = []
+        for start in range(0, len(refs), MAX_REFS):
+            chunk = refs[start : start + MAX_REFS]
+            self.host.observer.dependencies_missing(chunk)
+            body = encode_body({"refs": [r.to_json() for r in chunk]})
+            slots = self.host.dependency_slots
+            yield from slots.acquire()
+            try:
+                reply: Response = yield Call("getDependencies", {"collection": str(self.index)}, body, urgent=True)
+            finally:
+                slots.release()
+            self.stats.bytes_received += len(reply.body)
+            answers = decode_map(reply.body).get("answers")
+            if not isinstance(answers, list) or len(answers) != len(chunk):
+                raise PeerError(400, "BodyInvalid", "getDependencies answers do not match the refs")
+            for answer in answers:
+                entries: list[ReplicationEntry] = []
+                raw = answer.get("entries", []) if isinstance(answer, dict) else []
+                for item in raw[:MAX_ENTRIES_PER_REF] if isinstance(raw, list) else []:
+                    entries.append((yield from self.entry_of(item)))
+                withheld = isinstance(answer, dict) and answer.get("withheld") is True
+                out.append(Withheld(entries) if withheld else entries)
+                self.stats.dependencies_fetched += len(entries)
+        return out
+
+    def admit(self, entry: ReplicationEntry) -> Effects:
+        """Run ``entry``'s closure: apply it and what it needs, fetching from the source.
+        Returns ``(result of the root, closure outcome, ticket of the last write)``; the result
+        is ``Deferred`` when the closure did not settle."""
+        admitter = ClosureAdmitter(self.tenant, entry)
+        origin = self.host.remote_store_id
+        root: ReplicationApplyResult | None = None
+        ticket: Any = None
+        request = admitter.request
+        while not isinstance(request, ClosureOutcome):
+            if isinstance(request, ApplyRequest):
+                try:
+                    result, ticket = yield Apply(self.tenant, request.entry, origin)
+                except Exception as exc:  # the store failed: not the message's fault
+                    request = admitter.apply_failed(f"{type(exc).__name__}: {exc}")
+                    continue
+                if request.entry.cid == entry.cid:
+                    root = result
+                request = admitter.receive_apply(result)
+            else:
+                try:
+                    answers = yield from self.fetch(list(request.refs))
+                except Exception as exc:
+                    request = admitter.fetch_failed(f"{type(exc).__name__}: {exc}")
+                    continue
+                request = admitter.receive_fetch(answers)
+        outcome = request
+        final: ReplicationApplyResult = root if root is not None else Deferred("storage")
+        if outcome.status == "deferred" and final.kind in SETTLING_KINDS:
+            final = Deferred("storage")  # the root settled but the closure did not: retry later
+        return final, outcome, ticket
 
     # -- listing: `changes` (pull) and `proposeChanges` (push) ------------------------------
 
-    def on_listing(self, body: Any, *, pull: bool) -> list[int]:
+    def on_listing(self, body: Any, *, pull: bool) -> Effects:
         """Check one Changes body, take its items into the window, and return the statuses."""
+        listed, through = self._parse_listing(body, pull=pull)
+        held: set[str] = set()
+        if listed:
+            held = yield HeldMessages(self.tenant, tuple(t.message_cid for t, _ in listed))
+        statuses: list[int] = []
+        for token, size in listed:
+            if token.message_cid in held:
+                status = 304
+            elif size is not None and size > self.max_data:
+                status = 413  # settled, and a link error (§6.2): counted, logged, never fetched
+                self._count("DataTooLarge")
+                log.warning("collection %d: %s has %d bytes of data, above this peer's limit of %d; skipped",
+                            self.index, token.message_cid, size, self.max_data)
+            else:
+                status = 0
+            statuses.append(status)
+            self.window.add(token, settled=None if status == 0 else True)
+        self.stats.items_offered += len(listed)
+        self.stats.items_skipped += len(statuses) - statuses.count(0)
+        last = self.window.last
+        if through is not None and (last is None or through.position > last.position):
+            self.window.add(through, settled=True)
+        if pull and not listed:
+            self.caught_up = True
+        self._settle_later()
+        self._notify()
+        while statuses and statuses[-1] == 0:
+            statuses.pop()  # trailing zeros are implied (§6.2)
+        return statuses
+
+    def _parse_listing(
+        self, body: Any, *, pull: bool
+    ) -> tuple[list[tuple[ProgressToken, int | None]], ProgressToken | None]:
         if not isinstance(body, dict):
             refuse(400, "ChangesInvalid", "Changes must be a map")
         items = body.get("items", [])
@@ -287,31 +351,7 @@ class Sink:
             last = token
         if through is not None and last is not None and through.position < last.position:
             refuse(400, "ChangesInvalid", "through is below the last item")
-        statuses: list[int] = []
-        has = self.session.store.messages.has
-        for token, size in listed:
-            if has(self.tenant, token.message_cid):
-                status = 304
-            elif size is not None and size > self.max_data:
-                status = 413  # settled, and a link error (§6.2): counted, logged, never fetched
-                self.stats.results["DataTooLarge"] = self.stats.results.get("DataTooLarge", 0) + 1
-                log.warning("collection %d: %s has %d bytes of data, above this peer's limit of %d; skipped",
-                            self.index, token.message_cid, size, self.max_data)
-            else:
-                status = 0
-            statuses.append(status)
-            self.window.add(token, settled=None if status == 0 else True)
-        self.stats.items_offered += len(listed)
-        self.stats.items_skipped += len(statuses) - statuses.count(0)
-        if through is not None and (last is None or through.position > last.position):
-            self.window.add(through, settled=True)
-        if pull and not listed and not self.caught_up.is_set():
-            self.caught_up.set()
-        self._settle_later()
-        self._notify()
-        while statuses and statuses[-1] == 0:
-            statuses.pop()  # trailing zeros are implied (§6.2)
-        return statuses
+        return listed, through
 
     # -- `rev` and `norev` --------------------------------------------------------------------
 
@@ -322,7 +362,7 @@ class Sink:
             refuse(409, "RevUnsolicited", f"no wanted item at {position}")
         return item
 
-    async def _prefetch(self, obj: Any) -> tuple[int, ReplicationEntry | PeerError | None]:
+    def _prefetch(self, obj: Any) -> Effects:
         """Fetch a `rev`'s out-of-line data before its turn when the prefetch budget has room
         right now; returns the bytes reserved (give them back) and the entry or its error.
 
@@ -338,15 +378,16 @@ class Sink:
             return 0, None
         self._prefetch_room -= size
         try:
-            return size, await self.entry_of(obj)
+            entry = yield from self.entry_of(obj)
         except PeerError as exc:
             return size, exc
         except BaseException:
             self._prefetch_room += size
             raise
+        return size, entry
 
-    async def on_rev(self, properties: dict[str, str], body: bytes) -> dict[str, Any]:
-        """Apply one `rev` (§8.2); returns the ReplicationApplyResult once it is durable."""
+    def on_rev(self, properties: dict[str, str], body: bytes) -> Effects:
+        """Apply one `rev` (§8.2); returns the ReplicationApplyResult (JSON) once durable."""
         item = self._wanted(properties)
         cid = item.token.message_cid
         obj: Any = None
@@ -357,31 +398,28 @@ class Sink:
         except PeerError as exc:
             early = exc
         if early is None:
-            reserved, early = await self._prefetch(obj)
+            reserved, early = yield from self._prefetch(obj)
         try:
-            await self._turn(item)
+            yield from self._turn(item)
         except BaseException:
             self._prefetch_room += reserved
             raise
         settled = False
-        applier = _Applier(self.session, cid)
+        ticket: Any = None
         try:
             self.stats.revs_received += 1
             self.stats.bytes_received += len(body)
             try:
                 if isinstance(early, PeerError):
                     raise early
-                entry = early if early is not None else await self.entry_of(obj)
+                entry = early if early is not None else (yield from self.entry_of(obj))
             except PeerError as exc:
-                self.stats.results[exc.name] = self.stats.results.get(exc.name, 0) + 1
-                raise _blip(exc) from exc
+                self._count(exc.name)
+                raise
             if entry.cid != cid:
                 refuse(400, "RevMismatch", "the message's CID is not messageCid")
-            outcome = await ClosureAdmitter(self.tenant, entry).admit(applier, _RemoteFetcher(self))
-            result: ReplicationApplyResult = applier.last if applier.last is not None else Deferred("storage")
-            if outcome.status == "deferred" and result.kind in SETTLING_KINDS:
-                result = Deferred("storage")  # the root settled but the closure did not: retry later
-            self.stats.results[result.kind] = self.stats.results.get(result.kind, 0) + 1
+            result, _, ticket = yield from self.admit(entry)
+            self._count(result.kind)
             settled = result.kind in SETTLING_KINDS
             if result.kind == "Applied":
                 self.stats.revs_applied += 1
@@ -389,50 +427,35 @@ class Sink:
                 self.stats.revs_settled += 1
         finally:
             self._prefetch_room += reserved
-            self.window.finish(item, settled=settled)
+            if not item.done:
+                self.window.finish(item, settled=settled)
             self._settle_later()
             self._notify()
         # The message and its data are in the open transaction now: let go of them before
         # waiting for the commit, or a batch of 64 large records stays in memory until then.
-        del entry, outcome
+        del entry
         obj = early = None
-        if applier.batch is not None:
-            try:
-                await self.session.committer.durable(applier.batch)
-            except StoreUnavailable as exc:
-                refuse(503, "StoreUnavailable", str(exc))
+        if ticket is not None:
+            yield from durable(ticket)
         return result.to_json()
 
-    async def admit(self, entry: ReplicationEntry) -> tuple[ReplicationApplyResult, ClosureOutcome]:
-        """Apply one fetched message outside a listing (a repair's ``getDependencies`` answer):
-        the same closure loop as a `rev`, dependencies and data fetched from the source on
-        this connection. Returns once the apply is durable, with the root's result (``Deferred``
-        when its closure did not settle) and the closure's outcome. No window, no tokens."""
-        applier = _Applier(self.session, entry.cid)
-        outcome = await ClosureAdmitter(self.tenant, entry).admit(applier, _RemoteFetcher(self))
-        result: ReplicationApplyResult = applier.last if applier.last is not None else Deferred("storage")
-        if outcome.status == "deferred" and result.kind in SETTLING_KINDS:
-            result = Deferred("storage")
-        if applier.batch is not None:
-            try:
-                await self.session.committer.durable(applier.batch)
-            except StoreUnavailable as exc:
-                raise PeerError(503, "StoreUnavailable", str(exc)) from exc
-        return result, outcome
-
-    async def on_norev(self, properties: dict[str, str]) -> None:
+    def on_norev(self, properties: dict[str, str]) -> Effects:
         item = self._wanted(properties)
-        await self._turn(item)
+        yield from self._turn(item)
         # 404: the message left the source's log, settled; 503 (or anything else): not now.
         self.window.finish(item, settled=properties.get("error") == "404")
         self._settle_later()
         self._notify()
 
 
-def _blip(exc: PeerError) -> Exception:
-    from p2psync.peer.wire import peer_error
-
-    return peer_error(exc.code, exc.name, exc.detail)
+def durable(ticket: Any) -> Effects:
+    """Wait for the commit holding ``ticket``; a failed commit is ``503 StoreUnavailable``."""
+    try:
+        yield Durable(ticket)
+    except PeerError:
+        raise
+    except Exception as exc:
+        refuse(503, "StoreUnavailable", str(exc))
 
 
 def check_data(message: dict[str, Any], size: int, data: bytes) -> None:

@@ -1,18 +1,17 @@
 """Wire helpers of the replication profiles (``protocol/replication-profiles.md``).
 
-Profile names, limits, CBOR bodies (§1.2), properties (§1.1) and the ``P2PSync`` error domain
-(§13). Sans-I/O: nothing here touches a connection.
+Profile names, limits, CBOR bodies (§1.2), properties (§1.1) and the ``P2PSync`` refusals
+(§13). Sans-I/O: nothing here touches a connection; the peer maps a :class:`PeerError` to and
+from a BLIP ``ERR`` (p2psync/peer/errors.py).
 """
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any, Final, NoReturn
 
 import cbor2
 
-from p2psync.blip import BlipError
 from p2psync.dwn.encoding import dag_cbor_encode
 
 __all__ = [
@@ -24,7 +23,7 @@ __all__ = [
     "decode_body",
     "encode_body",
     "int_property",
-    "peer_error",
+    "refuse",
 ]
 
 #: Our BLIP application id; the WebSocket subprotocol is ``BLIP_3+P2PSync_1`` (§2).
@@ -75,29 +74,11 @@ class PeerError(Exception):
         self.body = body or {"code": name, "detail": detail}
         super().__init__(f"P2PSync {code} {name}: {detail}" if detail else f"P2PSync {code} {name}")
 
-    @classmethod
-    def from_blip(cls, exc: BlipError) -> PeerError:
-        """Read a ``P2PSync`` ERR (its body is JSON text, §13)."""
-        try:
-            body = json.loads(exc.message)
-        except ValueError:
-            body = {}
-        if not isinstance(body, dict):
-            body = {}
-        name = body.get("code") if isinstance(body.get("code"), str) else "Unknown"
-        detail = body.get("detail") if isinstance(body.get("detail"), str) else exc.message
-        return cls(exc.code, str(name), str(detail), body)
-
-
-def peer_error(code: int, name: str, detail: str = "", **extra: Any) -> BlipError:
-    """A ``P2PSync`` ERR to raise from a handler: the body is ``{"code", "detail", …}`` JSON."""
-    body = {"code": name, "detail": detail, **extra}
-    return BlipError(ERROR_DOMAIN, code, json.dumps(body, separators=(",", ":")))
-
 
 def refuse(code: int, name: str, detail: str = "", **extra: Any) -> NoReturn:
-    """Raise :func:`peer_error` (reads better at the many refusal sites)."""
-    raise peer_error(code, name, detail, **extra)
+    """Refuse a request: raise a :class:`PeerError` whose ERR body is ``{"code", "detail", …}``
+    (§13; ``extra`` adds members such as a conflict's current ``rev``)."""
+    raise PeerError(code, name, detail, {"code": name, "detail": detail, **extra})
 
 
 def encode_body(value: Any) -> bytes:

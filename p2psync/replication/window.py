@@ -17,9 +17,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Final
-
-import trio
+from typing import Any, Final
 
 from p2psync.dwn.progress import ProgressToken
 from p2psync.state.ledger import Step
@@ -37,8 +35,8 @@ class WindowItem:
 
     token: ProgressToken
     state: int = _OPEN
-    #: set when every item before this one has an outcome (made by whoever waits for it)
-    turn: trio.Event | None = None
+    #: fired when every item before this one has an outcome (a Signal, made by whoever waits)
+    turn: Any = None
 
     @property
     def done(self) -> bool:

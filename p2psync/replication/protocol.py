@@ -1,0 +1,840 @@
+"""One replication connection as a sans-I/O state machine (replication-profiles.md).
+
+:class:`ReplicationProtocol` is what h11's ``Connection`` is to HTTP: it takes what arrives
+(requests, replies, refusals, the answers to its store requests) and gives back what to do
+(:mod:`p2psync.replication.effects` outputs: requests and replies to send, store requests to
+carry out, a close). It holds the connection's whole replication state — hello, the
+collections, the sinks and sources of each direction, the offered set — and never touches a
+socket, a clock, a thread or a database. ``p2psync.peer`` drives it over BLIP on trio; a test
+can pump two of them against each other in a plain loop.
+
+Each exchange runs as an *operation*: a generator that yields effects and is resumed with
+their answers. Operations for requests that arrive are started by :meth:`receive_request`;
+the active side starts its own with the commands (:meth:`start_hello`,
+:meth:`open_collection`, :meth:`pull`, :meth:`push`, :meth:`save_checkpoint`, …), each of
+which returns an :class:`~p2psync.replication.effects.Operation` handle.
+
+The driver's loop: feed an input, then carry out :meth:`outputs` until there are none. A
+:class:`~p2psync.replication.effects.StoreCall` may be answered before the next output is
+taken (the store is local); replies to requests arrive whenever they do.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections import OrderedDict, deque
+from collections.abc import Callable, Generator
+from typing import Any, Final
+
+from p2psync.dwn.did import Identity
+from p2psync.dwn.errors import DwnError
+from p2psync.dwn.progress import ProgressToken
+from p2psync.dwn.replication_types import DependencyRef, ReplicationWireError, ref_from_json
+from p2psync.replication.closure import ReplicationEntry
+from p2psync.replication.effects import (
+    YIELD,
+    AnswerRefs,
+    ApplyGrant,
+    Authorize,
+    Call,
+    CloseConnection,
+    Collection,
+    ConnectionLost,
+    Notify,
+    OpenFeed,
+    Operation,
+    OperationFinished,
+    Output,
+    Pending,
+    ReadCopy,
+    ReadDecision,
+    ReadOffered,
+    Response,
+    SendError,
+    SendReply,
+    SendRequest,
+    Signal,
+    Slots,
+    StoreCall,
+    StoreRequest,
+    WriteCopy,
+)
+from p2psync.replication.hello import Hello, HelloProofInvalid, make_proof, verify_proof
+from p2psync.replication.observer import NO_OBSERVER, SyncObserver
+from p2psync.replication.scope import SyncScope
+from p2psync.replication.sink import Sink, durable
+from p2psync.replication.source import Source, message_entry
+from p2psync.replication.wire import (
+    DEFAULT_BATCH,
+    DEFAULT_MAX_DATA,
+    HELLO_MAX_BODY,
+    INLINE_DATA_MAX,
+    MAX_BATCH,
+    MAX_CHECKPOINT_BODY,
+    MAX_COLLECTIONS,
+    MAX_ENTRIES_PER_REF,
+    MAX_INLINE_PER_DEPENDENCIES,
+    MAX_OFFERED,
+    MAX_REFS,
+    MAX_UNANSWERED_REVS,
+    PeerError,
+    bool_property,
+    decode_body,
+    decode_map,
+    encode_body,
+    int_property,
+    refuse,
+)
+
+__all__ = [
+    "ACTIVE_PROFILES",
+    "ALL_PROFILES",
+    "PASSIVE_PROFILES",
+    "HelloFailed",
+    "ReplicationProtocol",
+    "attachment_proof",
+]
+
+log = logging.getLogger("p2psync.peer")
+
+#: Profiles each role answers (§2's table). The source of a direction answers its
+#: getDependencies/getAttachment/proveAttachment, and either role can be a source.
+_SOURCE_PROFILES: Final = frozenset({"getDependencies", "getAttachment", "proveAttachment"})
+PASSIVE_PROFILES: Final = frozenset(
+    {"getCollections", "getCheckpoint", "setCheckpoint", "subChanges", "proposeChanges", "rev", "norev"}
+) | _SOURCE_PROFILES
+ACTIVE_PROFILES: Final = frozenset({"changes", "rev", "norev"}) | _SOURCE_PROFILES
+#: Every profile a peer answers (the BLIP handler table is built from this).
+ALL_PROFILES: Final = ("hello", *sorted(PASSIVE_PROFILES | ACTIVE_PROFILES))
+#: `getAttachment`s one sink keeps in flight on a connection (§12).
+MAX_ATTACHMENTS_IN_FLIGHT: Final = 8
+#: `getDependencies` one sink keeps in flight on a connection (§12).
+MAX_DEPENDENCIES_IN_FLIGHT: Final = 16
+#: `proveAttachment` nonce bounds (§9.2, Couchbase's).
+PROVE_NONCE_MIN, PROVE_NONCE_MAX = 16, 255
+#: Grants an active may bring per collection (§4.1, §12).
+MAX_GRANTS: Final = 8
+
+Effects = Generator[Any, Any, Any]
+
+
+class HelloFailed(Exception):
+    """Our side of hello failed (a bad proof, a timeout, a refused hello); the connection closes."""
+
+
+class HelloTimeout(Exception):
+    """The driver's hello deadline passed (thrown into the hello operation)."""
+
+
+class ReplicationProtocol:
+    """One connection's replication state, for either role (see the module doc).
+
+    ``active``: we opened the connection (we declare collections, pull and push).
+    ``identity`` signs our hello proof; ``mine`` is our hello.
+    """
+
+    def __init__(
+        self,
+        *,
+        identity: Identity,
+        mine: Hello,
+        active: bool,
+        accept_push: bool = True,
+        max_unanswered_revs: int = MAX_UNANSWERED_REVS,
+        max_data: int = DEFAULT_MAX_DATA,
+        observer: SyncObserver = NO_OBSERVER,
+    ) -> None:
+        self.identity = identity
+        self.mine = mine
+        self.active = active
+        self.accept_push = accept_push
+        self.max_unanswered_revs = max_unanswered_revs
+        #: record data above this is not taken (413 in the listing answer, §6.2)
+        self.max_data = max_data
+        self.observer = observer
+        self.theirs: Hello | None = None
+        self.hello_ok = False
+        self.hello_done = False
+        self.closed = False
+        self.close_reason: str | None = None
+        self.collections: list[Collection | None] = []
+        self.sources: dict[int, Source] = {}
+        self.sinks: dict[int, Sink] = {}
+        self._declared: set[tuple[str, str]] = set()
+        self._offered: OrderedDict[str, tuple[str, str, str]] = OrderedDict()  # cid -> tenant, recordId, dataCid
+        self._ready: deque[tuple[Pending, Any, BaseException | None]] = deque()
+        self._out: list[Output] = []
+        self._waiting: dict[int, Pending] = {}  # ref -> the operation waiting on it
+        self._refs = 0
+        self._hello_op: Operation | None = None
+        self._hello_changed = Signal(self._ready)
+        self._replied = False
+        self._hello_expired = False
+        self.attachment_slots = Slots(MAX_ATTACHMENTS_IN_FLIGHT, self._ready)
+        self.dependency_slots = Slots(MAX_DEPENDENCIES_IN_FLIGHT, self._ready)
+        self._handlers: dict[str, Callable[[dict[str, str], bytes], Effects]] = {
+            "getCollections": self._on_get_collections,
+            "getCheckpoint": self._on_get_checkpoint,
+            "setCheckpoint": self._on_set_checkpoint,
+            "subChanges": self._on_sub_changes,
+            "proposeChanges": self._on_propose_changes,
+            "getDependencies": self._on_get_dependencies,
+            "getAttachment": self._on_get_attachment,
+            "proveAttachment": self._on_prove_attachment,
+            "changes": self._on_changes,
+            "rev": self._on_rev,
+            "norev": self._on_norev,
+        }
+
+    # == inputs =============================================================================
+
+    def receive_request(self, rid: int, profile: str, properties: dict[str, str], body: bytes) -> None:
+        """A request of the other peer arrived under ``rid`` (ours to reply to)."""
+        if profile == "hello":
+            gen = self._on_hello(body)
+        else:
+            handler = self._handlers.get(profile)
+            if handler is None:
+                gen = _refusal(PeerError(404, "ProfileUnknown", f"no handler for {profile[:64]}"))
+            else:
+                gen = self._gated(profile, handler(properties, body))
+        self._start(Pending(gen, profile, rid=rid))
+
+    def receive_response(self, ref: int, properties: dict[str, str], body: bytes) -> None:
+        """The reply to our request ``ref``."""
+        self._resume(ref, Response(properties, body), None)
+
+    def receive_error(self, ref: int, error: BaseException) -> None:
+        """Our request ``ref`` was refused (a :class:`PeerError`) or failed."""
+        self._resume(ref, None, error)
+
+    def store_done(self, ref: int, value: Any) -> None:
+        """The answer to store request ``ref``."""
+        self._resume(ref, value, None)
+
+    def store_failed(self, ref: int, error: BaseException) -> None:
+        """Store request ``ref`` raised ``error``."""
+        self._resume(ref, None, error)
+
+    def connection_lost(self, reason: str = "closed") -> None:
+        """The connection ended: every operation waiting on the other peer fails."""
+        if self.closed:
+            return
+        self.closed = True
+        self.close_reason = reason
+        lost = ConnectionLost(reason)
+        for ref, task in list(self._waiting.items()):
+            if task.meta.get("remote", {}).get(ref):
+                del self._waiting[ref]
+                self._ready.append((task, None, lost))
+        for sink in self.sinks.values():
+            sink.fail(lost)
+        self._hello_changed.fire()
+        self._run()
+
+    def fail_feed(self, index: int, error: PeerError) -> None:
+        """A ledger step of collection ``index``'s sink failed at commit (it stops taking items)."""
+        sink = self.sinks.get(index)
+        if sink is not None:
+            sink.fail(error)
+            self._run()
+
+    def hello_expired(self) -> None:
+        """The driver's hello deadline passed: hello fails (``HelloTimeout``) and closes."""
+        if self.hello_done:
+            return
+        self._hello_expired = True
+        for ref, task in list(self._waiting.items()):
+            if task.handle is not None and task.handle is self._hello_op:
+                del self._waiting[ref]
+                self._ready.append((task, None, HelloTimeout("no hello in time")))
+        self._hello_changed.fire()
+        self._run()
+
+    def outputs(self) -> list[Output]:
+        """What to do now (and forget it here)."""
+        out, self._out = self._out, []
+        return out
+
+    # == commands (the active side, and hello for both) =====================================
+
+    def start_hello(self) -> Operation:
+        """Send our hello and check the other's proof (once; later calls return the same handle).
+        The handle fails with :class:`HelloFailed` (the connection is then closed)."""
+        if self._hello_op is None:
+            self._hello_op = self._command(self._hello(), "hello")
+        return self._hello_op
+
+    def open_collection(
+        self, tenant: str, scope: SyncScope, checkpoint_id: str, grants: list[dict[str, Any]] | None = None
+    ) -> Operation:
+        """Declare one collection (``getCollections``). Result: ``(index, copy)`` where copy is
+        the passive's checkpoint copy (a dict, ``{}`` for none), or raises ``404
+        CollectionNotFound`` when the passive refused it."""
+        return self._command(self._open_collection(tenant, scope, checkpoint_id, grants or []), "getCollections")
+
+    def pull(
+        self, index: int, since: ProgressToken | None, *, key: Any, direction: Any, batch: int = DEFAULT_BATCH,
+        continuous: bool = False, on_progress: Callable[[], None] | None = None,
+    ) -> tuple[Operation, Sink]:
+        """Pull collection ``index`` from ``since`` into a sink keeping ``key``'s tokens. The
+        operation ends when caught up and drained (its result: the source's latest position or
+        None); with ``continuous`` the sink goes on taking the feed after that."""
+        coll = self._collection_at(index)
+        sink = Sink(self, index, coll.tenant, key=key, since=since, max_data=self.max_data, direction=direction)
+        sink.on_progress = on_progress
+        self.sinks[index] = sink
+        return self._command(self._pull(sink, since, batch, continuous), "pull"), sink
+
+    def push(
+        self, index: int, since: ProgressToken | None, *, key: Any, direction: Any, batch: int = DEFAULT_BATCH,
+        continuous: bool = False, suppress_origin: str | None = None, replay_until: int = -1,
+        on_progress: Callable[[], None] | None = None,
+    ) -> tuple[Operation, Source]:
+        """Push our log after ``since`` to collection ``index`` (``proposeChanges`` and `rev`s),
+        keeping ``key``'s push tokens. The operation fails with 403 when the other peer may not
+        read the tenant (§5: pushing is disclosure)."""
+        coll = self._collection_at(index)
+        source = Source(
+            self, index, coll.tenant, coll.scope, batch=batch, continuous=continuous,
+            max_unanswered_revs=self.max_unanswered_revs, decision=ReadDecision(False, "undecided"),
+            push_key=key, direction=direction, on_progress=on_progress,
+        )
+        source.suppress_origin = suppress_origin
+        source.replay_until = replay_until
+        self.sources[index] = source
+        return self._command(self._push(coll, source, since), "push"), source
+
+    def save_checkpoint(self, index: int, pair: dict[str, Any], rev: str | None) -> Operation:
+        """``setCheckpoint``: result the new rev; a stale rev is ``409 CheckpointRevConflict``."""
+        props = {"collection": str(index)}
+        if rev is not None:
+            props["rev"] = rev
+        return self._command(self._call_rev("setCheckpoint", props, encode_body(pair)), "setCheckpoint")
+
+    def get_dependencies(self, index: int, refs: list[DependencyRef]) -> Operation:
+        """``getDependencies`` for ``refs``: result the raw answers (one per ref)."""
+        return self._command(self._get_dependencies(index, refs), "getDependencies")
+
+    def admit(self, index: int, obj: Any) -> Operation:
+        """Admit one MessageEntry outside a listing (a repair), through collection ``index``'s
+        sink: data fetched and checked, the closure loop, a durable commit. Result ``(entry,
+        result, outcome)``; raises :class:`PeerError` when the entry or its data is refused."""
+        return self._command(self._admit(index, obj), "admit")
+
+    def close(self, code: int, name: str, detail: str = "") -> None:
+        """Close the connection with 1008 and ``P2PSync <code> <Name>`` (§2)."""
+        log.info("closing: P2PSync %d %s %s", code, name, detail)
+        self._out.append(CloseConnection(1008, f"P2PSync {code} {name}"))
+
+    def stop_feeds(self, error: PeerError) -> None:
+        """Refuse what the sinks are still sent and end continuous sources (the peer stops)."""
+        for sink in self.sinks.values():
+            sink.fail(error)
+        for source in self.sources.values():
+            source.stopping = True
+        self._run()
+
+    # == what sinks and sources use ========================================================
+
+    @property
+    def remote_did(self) -> str:
+        assert self.theirs is not None
+        return self.theirs.did
+
+    @property
+    def remote_store_id(self) -> str | None:
+        return None if self.theirs is None else self.theirs.store_id
+
+    def signal(self) -> Signal:
+        return Signal(self._ready)
+
+    def spawn(self, gen: Effects, name: str) -> None:
+        """Run ``gen`` beside the current operation (its errors are logged)."""
+        self._ready.append((Pending(gen, name), None, None))
+
+    def store_later(self, request: StoreRequest) -> None:
+        """A store request whose answer nobody waits for."""
+        self._out.append(StoreCall(-1, request))
+
+    def offer(self, tenant: str, entry: ReplicationEntry, size: int | None = None) -> None:
+        """Remember a message whose data travels out of line (§9's offered set); ``size``:
+        that of data the entry does not carry."""
+        if entry.data is not None:
+            size = len(entry.data)
+        if size is None or size <= INLINE_DATA_MAX:
+            return
+        self._remember_offer(tenant, entry)
+
+    def _remember_offer(self, tenant: str, entry: ReplicationEntry) -> None:
+        d = entry.message["descriptor"]
+        self._offered[entry.cid] = (tenant, str(entry.message.get("recordId")), str(d.get("dataCid")))
+        self._offered.move_to_end(entry.cid)
+        while len(self._offered) > MAX_OFFERED:
+            self._offered.popitem(last=False)
+
+    # == the scheduler ======================================================================
+
+    def _command(self, gen: Effects, name: str) -> Operation:
+        handle = Operation(name)
+        self._start(Pending(gen, name, handle=handle))
+        return handle
+
+    def _start(self, task: Pending) -> None:
+        self._ready.append((task, None, None))
+        self._run()
+
+    def _resume(self, ref: int, value: Any, error: BaseException | None) -> None:
+        task = self._waiting.pop(ref, None)
+        if task is None:
+            return  # an answer for an operation that already ended (the connection closed)
+        task.meta.get("remote", {}).pop(ref, None)
+        self._ready.append((task, value, error))
+        self._run()
+
+    def _run(self) -> None:
+        ready = self._ready
+        while ready:
+            task, value, error = ready.popleft()
+            self._step(task, value, error)
+
+    def _step(self, task: Pending, value: Any, error: BaseException | None) -> None:
+        try:
+            effect = task.gen.throw(error) if error is not None else task.gen.send(value)
+        except StopIteration as stop:
+            self._finish(task, stop.value, None)
+            return
+        except Exception as exc:
+            self._finish(task, None, exc)
+            return
+        if isinstance(effect, Signal):
+            effect.park(task)
+        elif isinstance(effect, StoreRequest):
+            ref = self._park(task)
+            self._out.append(StoreCall(ref, effect))
+        elif isinstance(effect, Call):
+            if self.closed:
+                self._ready.append((task, None, ConnectionLost(self.close_reason or "closed")))
+                return
+            ref = self._park(task)
+            task.meta.setdefault("remote", {})[ref] = True
+            self._out.append(SendRequest(ref, effect.profile, effect.properties, effect.body, effect.urgent,
+                                         effect.compress, max_reply=effect.max_reply))
+        elif isinstance(effect, Notify):
+            if not self.closed:
+                self._out.append(SendRequest(-1, effect.profile, effect.properties, effect.body, no_reply=True))
+            self._ready.append((task, None, None))
+        elif effect is YIELD:
+            self._ready.append((task, None, None))
+        else:  # pragma: no cover - a bug in an operation
+            self._ready.append((task, None, TypeError(f"{task.name} yielded {effect!r}")))
+
+    def _park(self, task: Pending) -> int:
+        self._refs += 1
+        self._waiting[self._refs] = task
+        return self._refs
+
+    def _finish(self, task: Pending, result: Any, error: BaseException | None) -> None:
+        if task.rid is not None:
+            if isinstance(error, PeerError):
+                self._out.append(SendError(task.rid, error))
+            elif error is not None:
+                log.exception("%s failed", task.name, exc_info=error)
+                self._out.append(SendError(task.rid, PeerError(500, "InternalError", type(error).__name__)))
+            elif isinstance(result, SendReply):
+                result.rid = task.rid
+                self._out.append(result)
+            elif result is not None:  # pragma: no cover - handlers return a reply or None
+                raise TypeError(f"{task.name} returned {result!r}")
+        elif task.handle is not None:
+            task.handle.done = True
+            task.handle.result = result
+            task.handle.error = error
+            self._out.append(OperationFinished(task.handle))
+        elif error is not None and not isinstance(error, PeerError):
+            log.error("%s failed", task.name, exc_info=error)
+        elif error is not None:
+            log.info("%s ended: %s", task.name, error)
+
+    # == hello (§3) =========================================================================
+
+    def _hello(self) -> Effects:
+        try:
+            try:
+                reply: Response = yield Call("hello", {}, encode_body(self.mine.to_wire()), urgent=True)
+                while self.theirs is None:
+                    yield from self._hello_wait()
+                verify_proof(decode_map(reply.body).get("proof"), self.mine, self.theirs)
+                while not self._replied:
+                    yield from self._hello_wait()
+            except (HelloProofInvalid, PeerError, HelloTimeout) as exc:
+                log.info("hello failed: %s", exc)
+                name = "HelloTimeout" if isinstance(exc, HelloTimeout) else "HelloProofInvalid"
+                if not self.closed:
+                    self._out.append(CloseConnection(1008, f"P2PSync 401 {name}"))
+                raise HelloFailed(str(exc) or type(exc).__name__) from exc
+            self.hello_ok = True
+            # The one line a passive node logs per connection (its links are the other side's).
+            log.info("%s %s (storeId %s)", "connected to" if self.active else "connection from", self.theirs.did,
+                     self.theirs.store_id)
+        finally:
+            self.hello_done = True
+            self._hello_changed.fire()
+
+    def _hello_wait(self) -> Effects:
+        if self._hello_expired:
+            raise HelloTimeout("no hello in time")
+        if self.closed:
+            raise ConnectionLost(self.close_reason or "closed")
+        yield self._hello_changed
+
+    def _on_hello(self, body: bytes) -> Effects:
+        if self.theirs is not None:
+            refuse(409, "HelloRepeated", "a second hello")
+        if len(body) > HELLO_MAX_BODY:
+            refuse(400, "HelloInvalid", "hello body too large")
+        theirs = Hello.from_wire(decode_body(body, empty_map=False))
+        if theirs.store_id == self.mine.store_id:
+            refuse(400, "SelfConnection", "the other peer is this store")
+        self.theirs = theirs
+        self._hello_changed.fire()
+        if self._hello_op is None:
+            # The passive starts its own hello here at the latest; ours goes out before this reply.
+            self.start_hello()
+            yield YIELD
+        proof = make_proof(self.identity, self.mine, theirs)
+        self._replied = True
+        self._hello_changed.fire()
+        return SendReply(0, {}, encode_body({"proof": proof}), urgent=True)
+
+    def _gated(self, profile: str, handler: Effects) -> Effects:
+        """§3 rule 3: before hello, 401; between the proof's arrival and its check, wait."""
+        if not self.hello_ok:
+            # Before the other's hello has arrived there is nothing to wait for: 401 at once.
+            # After it, its proof check is at most one round trip away, so we wait for it.
+            if self.theirs is None:
+                handler.close()
+                refuse(401, "HelloRequired", "no successful hello yet")
+            while not self.hello_done:
+                yield self._hello_changed
+            if not self.hello_ok:
+                handler.close()
+                refuse(401, "HelloRequired", "hello failed")
+        role = ACTIVE_PROFILES if self.active else PASSIVE_PROFILES
+        if profile not in role:
+            handler.close()
+            refuse(409, "RoleMismatch", f"{profile} is not answered by this role")
+        return (yield from handler)
+
+    # == collections and checkpoints (§4) ===================================================
+
+    def _collection_at(self, index: int) -> Collection:
+        coll = self.collections[index] if 0 <= index < len(self.collections) else None
+        if coll is None:
+            refuse(404, "CollectionNotFound", f"no collection {index}")
+        return coll
+
+    def _collection(self, properties: dict[str, str]) -> tuple[int, Collection]:
+        index = int_property(properties, "collection")
+        return index, self._collection_at(index)
+
+    def _open_collection(
+        self, tenant: str, scope: SyncScope, checkpoint_id: str, grants: list[dict[str, Any]]
+    ) -> Effects:
+        self.collections.append(Collection(tenant, scope, checkpoint_id))
+        index = len(self.collections) - 1
+        coll: dict[str, Any] = {"tenant": tenant, "scope": scope.to_wire(), "checkpointId": checkpoint_id}
+        if grants:
+            coll["grants"] = grants
+        reply: Response = yield Call("getCollections", {}, encode_body({"collections": [coll]}))
+        copies = decode_body(reply.body)
+        copy = copies[0] if isinstance(copies, list) and copies else None
+        if not isinstance(copy, dict):
+            self.collections[index] = None
+            raise PeerError(404, "CollectionNotFound", "the peer refused the collection")
+        return index, copy
+
+    def _on_get_collections(self, properties: dict[str, str], body: bytes) -> Effects:
+        colls = decode_map(body).get("collections")
+        if not isinstance(colls, list) or not 1 <= len(colls) <= MAX_COLLECTIONS:
+            refuse(400, "BodyInvalid", "collections must hold 1 to 256 entries")
+        if len(self.collections) + len(colls) > MAX_COLLECTIONS:
+            refuse(413, "TooManyCollections", "at most 256 collections per connection")
+        parsed = [_parse_collection(c) for c in colls]
+        out: list[Any] = []
+        for tenant, scope, cid, grants in parsed:
+            key = (tenant, scope.scope_id)
+            if key in self._declared:
+                self.collections.append(None)
+                out.append(None)
+                continue
+            self._declared.add(key)
+            yield from self._apply_grants(tenant, grants)
+            self.collections.append(Collection(tenant, scope, cid))
+            stored = yield ReadCopy(self.remote_did, cid)
+            out.append({} if stored is None else {"rev": stored[1], **stored[0]})
+        return SendReply(0, {}, encode_body(out))
+
+    def _apply_grants(self, tenant: str, grants: list[Any]) -> Effects:
+        """§4.1: grants the active brings are replicated messages of the tenant; apply valid ones."""
+        for grant in grants:
+            if not isinstance(grant, dict) or not isinstance(grant.get("message"), dict):
+                continue
+            data = grant.get("data")
+            yield ApplyGrant(tenant, grant["message"], data if isinstance(data, bytes) else None)
+
+    def _on_get_checkpoint(self, properties: dict[str, str], body: bytes) -> Effects:
+        _, coll = self._collection(properties)
+        stored = yield ReadCopy(self.remote_did, coll.checkpoint_id)
+        if stored is None:
+            return SendReply(0, {}, encode_body({}))
+        return SendReply(0, {"rev": stored[1]}, encode_body(stored[0]))
+
+    def _on_set_checkpoint(self, properties: dict[str, str], body: bytes) -> Effects:
+        _, coll = self._collection(properties)
+        if len(body) > MAX_CHECKPOINT_BODY:
+            refuse(413, "BodyTooLarge", "setCheckpoint body above 512 KiB")
+        pair = decode_map(body)
+        if set(pair) != {"pull", "push"}:
+            refuse(400, "CheckpointInvalid", "a CheckpointPair has pull and push")
+        # The store answers only after a durable commit (§4.3); it raises the 409 and 400.
+        rev = yield WriteCopy(self.remote_did, coll.checkpoint_id, pair, properties.get("rev"))
+        return SendReply(0, {"rev": rev}, b"")
+
+    def _call_rev(self, profile: str, properties: dict[str, str], body: bytes) -> Effects:
+        reply: Response = yield Call(profile, properties, body)
+        return reply.properties.get("rev")
+
+    # == authorization (§5) =================================================================
+
+    def decision(self, coll: Collection) -> Effects:
+        """May the other peer read ``coll``'s tenant (cached per collection)?"""
+        if coll.decision is None:
+            if self.remote_did == coll.tenant:
+                coll.decision = ReadDecision(True, "the tenant itself")
+            else:
+                coll.decision = yield Authorize(coll.tenant, self.remote_did, coll.scope)
+        return coll.decision
+
+    def _require_reader(self, coll: Collection) -> Effects:
+        decision: ReadDecision = yield from self.decision(coll)
+        if not decision.allowed:
+            refuse(403, "SyncNotAuthorized", decision.reason or "the peer is not an authorized reader")
+        return decision
+
+    # == the passive's pull feed (§6) =======================================================
+
+    def _on_sub_changes(self, properties: dict[str, str], body: bytes) -> Effects:
+        index, coll = self._collection(properties)
+        decision = yield from self._require_reader(coll)
+        if index in self.sources:
+            refuse(409, "FeedActive", "this collection already has a feed")
+        continuous = bool_property(properties, "continuous")
+        batch = min(int_property(properties, "batch", default=DEFAULT_BATCH), MAX_BATCH)
+        if batch < 1:
+            refuse(400, "PropertyInvalid", "batch must be at least 1")
+        request = decode_map(body)
+        since: ProgressToken | None = None
+        if "since" in request:
+            try:
+                since = ProgressToken.from_wire(request["since"])
+            except DwnError as exc:
+                refuse(400, "ProgressTokenInvalid", str(exc))
+        gap, latest = yield OpenFeed(coll.tenant, since)
+        if gap is not None:
+            # §6.1: the ERR body of a 410 is the ProgressGap itself.
+            raise PeerError(410, "ProgressGap", "the token cannot be served here", gap.to_wire())
+        source = Source(self, index, coll.tenant, coll.scope, batch=batch, continuous=continuous,
+                        max_unanswered_revs=self.max_unanswered_revs, decision=decision)
+        self.sources[index] = source
+        self.spawn(self._run_feed(source, since), f"feed {index}")
+        return SendReply(0, {}, encode_body({} if latest is None else {"latest": latest.to_wire()}))
+
+    def _run_feed(self, source: Source, since: ProgressToken | None) -> Effects:
+        try:
+            yield from source.run(since)
+        except PeerError as exc:
+            log.info("feed %d ended: %s", source.index, exc)
+            if exc.code == 403:
+                self.close(403, "SyncNotAuthorized", exc.detail)
+        finally:
+            self.sources.pop(source.index, None)
+
+    # == the passive's push sink (§7) =======================================================
+
+    def _on_propose_changes(self, properties: dict[str, str], body: bytes) -> Effects:
+        index, coll = self._collection(properties)
+        if not self.accept_push:
+            refuse(403, "PushRefused", "this peer does not take pushes")
+        sink = self.sinks.get(index)
+        if sink is None:
+            sink = self.sinks[index] = Sink(self, index, coll.tenant, key=None, max_data=self.max_data)
+        statuses = yield from sink.on_listing(decode_body(body), pull=False)
+        return SendReply(0, {}, encode_body(statuses), urgent=True)
+
+    # == sinks: `changes`, `rev`, `norev` (§6.2, §8) ========================================
+
+    def _sink(self, profile: str, properties: dict[str, str]) -> Sink:
+        index = int_property(properties, "collection")
+        sink = self.sinks.get(index)
+        if sink is None:
+            name = "ChangesUnsolicited" if profile == "changes" else "RevUnsolicited"
+            refuse(409, name, f"no open sink for collection {index}")
+        return sink
+
+    def _on_changes(self, properties: dict[str, str], body: bytes) -> Effects:
+        sink = self._sink("changes", properties)
+        statuses = yield from sink.on_listing(decode_body(body), pull=True)
+        return SendReply(0, {}, encode_body(statuses), urgent=True)
+
+    def _on_rev(self, properties: dict[str, str], body: bytes) -> Effects:
+        sink = self._sink("rev", properties)
+        result = yield from sink.on_rev(properties, body)
+        return SendReply(0, {}, encode_body(result), kind=str(result.get("kind")))
+
+    def _on_norev(self, properties: dict[str, str], body: bytes) -> Effects:
+        sink = self._sink("norev", properties)
+        yield from sink.on_norev(properties)
+        return None
+
+    # == sources: dependencies and data (§9, §10) ==========================================
+
+    def _on_get_dependencies(self, properties: dict[str, str], body: bytes) -> Effects:
+        _, coll = self._collection(properties)
+        decision = yield from self._require_reader(coll)
+        raw = decode_map(body).get("refs")
+        if not isinstance(raw, list) or not raw:
+            refuse(400, "DependencyRefInvalid", "refs must be a non-empty array")
+        if len(raw) > MAX_REFS:
+            refuse(413, "TooManyRefs", "at most 128 refs")
+        refs: list[DependencyRef] = []
+        for r in raw:
+            try:
+                refs.append(ref_from_json(r))
+            except (ReplicationWireError, DwnError, ValueError) as exc:
+                refuse(400, "DependencyRefInvalid", str(exc))
+        found = yield AnswerRefs(coll.tenant, tuple(refs), decision, MAX_ENTRIES_PER_REF)
+        budget = MAX_INLINE_PER_DEPENDENCIES
+        answers: list[dict[str, Any]] = []
+        for entries, withheld in found:
+            out: list[dict[str, Any]] = []
+            for entry in entries:
+                size = len(entry.data) if entry.data is not None else 0
+                if entry.data is not None and size <= INLINE_DATA_MAX and size <= budget:
+                    budget -= size
+                    out.append(message_entry(entry))
+                else:
+                    if entry.data is not None:
+                        self._remember_offer(coll.tenant, entry)
+                    out.append(message_entry(entry, inline=False))
+            answer: dict[str, Any] = {"entries": out}
+            if withheld:
+                answer["withheld"] = True
+            answers.append(answer)
+        return SendReply(0, {}, encode_body({"answers": answers}), urgent=True, compress=True)
+
+    def _offered_data(self, properties: dict[str, str]) -> Effects:
+        self._collection(properties)
+        cid, dcid = properties.get("messageCid", ""), properties.get("dataCid")
+        offered = self._offered.get(cid)
+        if offered is None or offered[2] != dcid:
+            refuse(404, "MessageNotFound", "not offered on this connection")
+        tenant, record_id, data_cid = offered
+        data = yield ReadOffered(tenant, record_id, data_cid, cid)
+        if data is None:
+            refuse(404, "MessageNotFound", "the data left this store")
+        return data
+
+    def _on_get_attachment(self, properties: dict[str, str], body: bytes) -> Effects:
+        data = yield from self._offered_data(properties)
+        return SendReply(0, {}, data)
+
+    def _on_prove_attachment(self, properties: dict[str, str], body: bytes) -> Effects:
+        nonce = decode_map(body).get("nonce")
+        if not isinstance(nonce, bytes) or not PROVE_NONCE_MIN <= len(nonce) <= PROVE_NONCE_MAX:
+            refuse(400, "BodyInvalid", "nonce must be 16 to 255 bytes")
+        data = yield from self._offered_data(properties)
+        return SendReply(0, {}, encode_body({"proof": attachment_proof(nonce, data)}))
+
+    # == the active's directions ============================================================
+
+    def _pull(self, sink: Sink, since: ProgressToken | None, batch: int, continuous: bool) -> Effects:
+        props = {"collection": str(sink.index), "batch": str(batch)}
+        if continuous:
+            props["continuous"] = "true"
+        body = encode_body({} if since is None else {"since": since.to_wire()})
+        reply: Response = yield Call("subChanges", props, body)
+        latest = decode_body(reply.body).get("latest") if reply.body else None
+        position = None
+        if isinstance(latest, dict) and isinstance(latest.get("position"), str) and latest["position"].isdigit():
+            position = int(latest["position"])
+        sink.stats.latest = position
+        yield from sink.wait_drained()
+        return position
+
+    def _push(self, coll: Collection, source: Source, since: ProgressToken | None) -> Effects:
+        decision: ReadDecision = yield from self.decision(coll)
+        if not decision.allowed:
+            # §5: pushing is disclosure; only to an authorized reader by our own store.
+            raise PeerError(403, "SyncNotAuthorized", f"the peer may not read this tenant: {decision.reason}")
+        source.decision = decision
+        yield from source.run(since)
+
+    def _get_dependencies(self, index: int, refs: list[DependencyRef]) -> Effects:
+        sink = self.sinks[index]
+        body = encode_body({"refs": [r.to_json() for r in refs]})
+        yield from self.dependency_slots.acquire()
+        try:
+            reply: Response = yield Call("getDependencies", {"collection": str(index)}, body)
+        finally:
+            self.dependency_slots.release()
+        sink.stats.bytes_received += len(reply.body)
+        answers = decode_map(reply.body).get("answers")
+        if not isinstance(answers, list) or len(answers) != len(refs):
+            raise PeerError(400, "BodyInvalid", "getDependencies answers do not match the refs")
+        return answers
+
+    def _admit(self, index: int, obj: Any) -> Effects:
+        sink = self.sinks[index]
+        entry = yield from sink.entry_of(obj)
+        result, outcome, ticket = yield from sink.admit(entry)
+        if ticket is not None:
+            yield from durable(ticket)
+        return entry, result, outcome
+
+    def repair_sink(self, index: int) -> Sink:
+        """A sink for collection ``index`` that keeps no tokens (a repair's admits)."""
+        coll = self._collection_at(index)
+        sink = self.sinks[index] = Sink(self, index, coll.tenant, key=None, max_data=self.max_data)
+        return sink
+
+
+def _refusal(error: PeerError) -> Effects:
+    raise error
+    yield  # pragma: no cover - makes this a generator
+
+
+def _parse_collection(c: Any) -> tuple[str, SyncScope, str, list[Any]]:
+    if not isinstance(c, dict):
+        refuse(400, "BodyInvalid", "a Collection must be a map")
+    tenant, cid, grants = c.get("tenant"), c.get("checkpointId"), c.get("grants", [])
+    if not isinstance(tenant, str) or not tenant.startswith("did:"):
+        refuse(400, "BodyInvalid", "tenant must be a DID")
+    if not isinstance(cid, str) or not 1 <= len(cid) <= 256:
+        refuse(400, "BodyInvalid", "checkpointId must be 1 to 256 characters")
+    if not isinstance(grants, list) or len(grants) > MAX_GRANTS:
+        refuse(400, "BodyInvalid", f"grants must be an array of at most {MAX_GRANTS} messages")
+    try:
+        scope = SyncScope.from_wire(c.get("scope"))
+    except DwnError as exc:
+        refuse(400, "SyncScopeInvalid", str(exc))
+    return tenant, scope, cid, grants
+
+
+def attachment_proof(nonce: bytes, data: bytes) -> bytes:
+    """§9.2: sha256(len(nonce) as one byte ‖ nonce ‖ data)."""
+    digest = hashlib.sha256(bytes([len(nonce)]))
+    digest.update(nonce)
+    digest.update(data)
+    return digest.digest()

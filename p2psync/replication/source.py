@@ -1,0 +1,336 @@
+"""The sending side of one direction of one collection (replication-profiles.md §6, §7, §8).
+
+A :class:`Source` lists the tenant's log after a token — in scope, ascending — and sends a
+`rev` for each item the sink wants. A pull feed (we are passive) lists with `changes` after the
+puller's `subChanges`; a push (we are active) lists with `proposeChanges`, and then keeps the
+push checkpoint from the sink's answers: statuses `304`/`413` and settling `rev` results mark
+tokens applied, anything else leaves them unapplied (§11). Entries out of scope are passed
+over: a pull feed covers them with `through`, a push settles them at once.
+
+Flow control (§12): one listing in flight per feed, at most 1,000 unanswered `rev`s and
+64 MiB of unanswered `rev` bodies per connection and direction, enforced before each send.
+With ``continuous`` the source keeps listing new log entries as they are committed.
+
+Sans-I/O, like :mod:`p2psync.replication.sink`: generators of effects.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Generator
+from typing import Any, Final, Protocol
+
+from p2psync.dwn.progress import ProgressToken
+from p2psync.replication.closure import ReplicationEntry
+from p2psync.replication.effects import (
+    Call,
+    Notify,
+    ReadDecision,
+    ReadPage,
+    RecordSteps,
+    Response,
+    Signal,
+    StillValid,
+    WaitForLog,
+)
+from p2psync.replication.scope import SyncScope
+from p2psync.replication.sink import SETTLING_KINDS
+from p2psync.replication.stats import SyncStats
+from p2psync.replication.window import ProgressWindow
+from p2psync.replication.wire import INLINE_DATA_MAX, PeerError, decode_body, encode_body
+
+__all__ = ["MAX_UNANSWERED_REV_BYTES", "Source", "SourceHost", "message_entry"]
+
+log = logging.getLogger("p2psync.peer")
+
+#: §12: bytes of unanswered `rev` bodies per connection and direction.
+MAX_UNANSWERED_REV_BYTES: Final = 64 * 1024 * 1024
+
+Effects = Generator[Any, Any, Any]
+#: One listed message: its token, the entry (None: it left the log), its data size, and
+#: whether the reader may read it (§5).
+_Listed = tuple[ProgressToken, "ReplicationEntry | None", "int | None", bool]
+
+
+class SourceHost(Protocol):
+    """What a source needs of its connection's protocol object."""
+
+    def signal(self) -> Signal: ...
+
+    def spawn(self, gen: Effects, name: str) -> None: ...
+
+    def offer(self, tenant: str, entry: ReplicationEntry, size: int | None = None) -> None: ...
+
+
+class _Budget:
+    """Unanswered `rev`s of one direction: a count and a byte total, each capped (§12)."""
+
+    def __init__(self, count: int, size: int, freed: Signal) -> None:
+        self.max_count, self.max_size = count, size
+        self.count = self.size = 0
+        self._freed = freed
+
+    def take(self, size: int) -> Effects:
+        # A body larger than the whole budget still goes, alone.
+        while self.count >= self.max_count or (self.count and self.size + size > self.max_size):
+            yield self._freed
+        self.count += 1
+        self.size += size
+
+    def give(self, size: int) -> None:
+        self.count -= 1
+        self.size -= size
+        self._freed.fire()
+
+    def drained(self) -> Effects:
+        while self.count:
+            yield self._freed
+
+
+def message_entry(entry: ReplicationEntry, *, inline: bool = True, size: int | None = None) -> dict[str, Any]:
+    """A MessageEntry (§8.1): the message, and its data inline when small enough.
+
+    ``size``: the size of data the entry does not carry (kept out of line, not read).
+    """
+    out: dict[str, Any] = {"message": entry.message}
+    if entry.data is not None:
+        out["dataSize"] = len(entry.data)
+        if inline and len(entry.data) <= INLINE_DATA_MAX:
+            out["data"] = entry.data
+    elif size is not None:
+        out["dataSize"] = size
+    return out
+
+
+class Source:
+    """Sends one direction of collection ``index`` (see the module doc).
+
+    ``push_key``: the ledger link whose push checkpoint this source keeps (a push); None for a
+    pull feed (the puller keeps the tokens). ``decision``: what the reader may read (§5).
+    """
+
+    def __init__(
+        self,
+        host: SourceHost,
+        index: int,
+        tenant: str,
+        scope: SyncScope,
+        *,
+        batch: int,
+        continuous: bool,
+        max_unanswered_revs: int,
+        decision: ReadDecision,
+        push_key: Any = None,
+        direction: Any = None,
+        on_progress: Callable[[], None] | None = None,
+    ) -> None:
+        self.host = host
+        self.index = index
+        self.tenant = tenant
+        self.scope = scope
+        self.batch = batch
+        self.continuous = continuous
+        self.push_key = push_key
+        self.direction = direction
+        self.decision = decision
+        self.stats = SyncStats()
+        self.window = ProgressWindow() if push_key is not None else None
+        self.caught_up = False
+        self._budget = _Budget(max_unanswered_revs, MAX_UNANSWERED_REV_BYTES, host.signal())
+        self._on_progress = on_progress
+        self.position: int | None = None
+        self._through_sent = -1
+        #: push only: settle without proposing entries that came from this store (§11 echo
+        #: suppression), except at or below ``replay_until`` (a range replayed after a rewind
+        #: or reset, which the sink may have lost)
+        self.suppress_origin: str | None = None
+        self.replay_until = -1
+        #: set to end a continuous feed at its next pass (the peer is stopping)
+        self.stopping = False
+        #: a failure of a `rev`'s ledger step: ends the run at its next pass
+        self.failure: PeerError | None = None
+
+    @property
+    def pushing(self) -> bool:
+        return self.push_key is not None
+
+    @property
+    def props(self) -> dict[str, str]:
+        return {"collection": str(self.index)}
+
+    # -- listing ----------------------------------------------------------------------------
+
+    def run(self, since: ProgressToken | None) -> Effects:
+        """List from ``since`` until caught up (and on, when continuous); returns when done.
+
+        Raises :class:`PeerError` for a refusal of the other side (``ConnectionLost`` when the
+        connection ended); the caller decides what ends the direction.
+        """
+        profile = "proposeChanges" if self.pushing else "changes"
+        examined: ProgressToken | None = since
+        after = since.position if since is not None else -1
+        told_caught_up = False
+        while not self.stopping:
+            if not self.decision.everything and not (yield StillValid(self.tenant, self.decision)):
+                raise PeerError(403, "SyncNotAuthorized", "the grant this feed relied on is no longer valid")
+            if self.failure is not None:
+                raise self.failure
+            rows = yield ReadPage(self.tenant, after, self.batch, self.scope, self.decision,
+                                  self.suppress_origin if self.pushing else None, self.replay_until)
+            if rows:
+                examined, after = rows[-1].token, rows[-1].token.position
+            self.position = after if after >= 0 else None
+            wanted = self._take_page(rows)
+            if wanted:
+                first = wanted[0][0]
+                items = [_item(token, entry, size) for token, entry, size, _ in wanted]
+                body = {"streamId": first.stream_id, "epoch": first.epoch, "items": items}
+                reply: Response = yield Call(profile, self.props, encode_body(body))
+                self.stats.items_offered += len(items)
+                yield from self._send_revs(self._on_listed(wanted, decode_body(reply.body)))
+                continue
+            if rows:
+                yield from self._record_push()  # a page with nothing in scope: its tokens are settled
+                continue
+            # Nothing more in the log right now.
+            if not told_caught_up:
+                if not self.pushing:
+                    caught_up: dict[str, Any] = {"items": []}
+                    if examined is not None:
+                        caught_up["through"] = examined.to_wire()
+                    yield Call(profile, self.props, encode_body(caught_up))
+                told_caught_up = True
+                self.caught_up = True
+                self._progress()
+            elif not self.pushing and examined is not None and examined.position > self._through_sent:
+                yield Call(profile, self.props, encode_body({"items": [], "through": examined.to_wire()}))
+            if not self.pushing and examined is not None:
+                self._through_sent = examined.position
+            if not self.continuous:
+                break
+            yield WaitForLog()
+        yield from self._budget.drained()
+        yield from self._record_push()
+
+    def _take_page(self, rows: list[Any]) -> list[_Listed]:
+        """The page's rows to list; echoes and out-of-scope rows are settled on a push."""
+        wanted: list[_Listed] = []
+        window = self.window
+        for row in rows:
+            if row.kind == "listed":
+                wanted.append((row.token, row.entry, row.size, row.readable))
+                if window is not None:
+                    window.add(row.token)
+                continue
+            if row.kind == "echo":
+                self.stats.echoes_suppressed += 1
+            if window is not None:
+                window.add(row.token, settled=True)  # the sink has it, or it is out of scope
+        return wanted
+
+    def _on_listed(self, wanted: list[Any], statuses: Any) -> list[Any]:
+        statuses = statuses if isinstance(statuses, list) else []
+        wanted_revs: list[Any] = []
+        for i, listed in enumerate(wanted):
+            token = listed[0]
+            status = statuses[i] if i < len(statuses) else 0
+            if status == 0:
+                wanted_revs.append(listed)
+                continue
+            self.stats.items_skipped += 1
+            if self.window is not None:
+                item = self.window.get(token.position, token.message_cid)
+                if item is not None:
+                    # 304 and 413 settle; 503 and anything else are offered again later.
+                    ProgressWindow.finish(item, settled=status in (304, 413))
+        self._record_push_later()
+        self._progress()
+        return wanted_revs
+
+    def _send_revs(self, wanted: list[Any]) -> Effects:
+        """Start a `rev` per wanted item, taking each one's budget here, in item order: were
+        the revs to compete for freed budget, a later `rev` could take the slot the sink's
+        next-in-line one needs, and with the budget full of later ones nothing would move."""
+        for token, entry, size, readable in wanted:
+            body = None
+            if entry is not None and readable:
+                body = encode_body(message_entry(entry, size=size))
+            yield from self._budget.take(len(body) if body is not None else 0)
+            self.host.spawn(self._send_rev(token, entry, size, body), "rev")
+
+    def _send_rev(
+        self, token: ProgressToken, entry: ReplicationEntry | None, size: int | None, body: bytes | None
+    ) -> Effects:
+        props = {"collection": str(self.index), "messageCid": token.message_cid, "position": str(token.position)}
+        settled = False
+        try:
+            if entry is None:  # left the log between the listing and now (§8.3)
+                settled = True
+                yield Notify("norev", {**props, "error": "404"})
+                return
+            if body is None:  # the reader may not read it (§5): not settled, never sent
+                yield Notify("norev", {**props, "error": "403", "reason": "not readable"})
+                return
+            self.host.offer(self.tenant, entry, size)
+            self.stats.revs_sent += 1
+            self.stats.bytes_sent += len(body) + (size if size is not None and size > INLINE_DATA_MAX else 0)
+            reply: Response = yield Call("rev", props, body, compress=len(body) > 1024)
+            result = decode_body(reply.body)
+            kind = result.get("kind") if isinstance(result, dict) else None
+            kind = kind if isinstance(kind, str) else "Unknown"
+            self.stats.results[kind] = self.stats.results.get(kind, 0) + 1
+            settled = kind in SETTLING_KINDS
+            if kind == "Applied":
+                self.stats.revs_applied += 1
+            if settled:
+                self.stats.revs_settled += 1
+        except PeerError as exc:
+            log.info("rev %s of collection %d: %s", token.position, self.index, exc)
+            self.stats.results[exc.name] = self.stats.results.get(exc.name, 0) + 1
+        finally:
+            self._budget.give(len(body) if body is not None else 0)
+            if self.window is not None:
+                item = self.window.get(token.position, token.message_cid)
+                if item is not None:
+                    ProgressWindow.finish(item, settled=settled)
+                self._record_push_later()
+            self._progress()
+
+    def _push_steps(self) -> RecordSteps | None:
+        if self.window is None or self.push_key is None:
+            return None
+        steps = self.window.take_steps()
+        if not steps:
+            return None
+        return RecordSteps(self.push_key, self.direction, tuple(steps), index=self.index)
+
+    def _record_push(self) -> Effects:
+        request = self._push_steps()
+        if request is not None:
+            yield request
+
+    def _record_push_later(self) -> None:
+        request = self._push_steps()
+        if request is not None:
+            self.host.spawn(self._record(request), "record push")
+
+    def _record(self, request: RecordSteps) -> Effects:
+        try:
+            yield request
+        except PeerError as exc:
+            if self.failure is None:
+                self.failure = exc
+
+    def _progress(self) -> None:
+        if self._on_progress is not None:
+            self._on_progress()
+
+
+def _item(token: ProgressToken, entry: ReplicationEntry | None, size: int | None) -> list[Any]:
+    item: list[Any] = [str(token.position), token.message_cid]
+    record_id = entry.message.get("recordId") if entry is not None else None
+    if isinstance(record_id, str):
+        item.append(record_id)
+        if size is not None:
+            item.append(size)
+    return item

@@ -1,0 +1,254 @@
+"""Carries out the replication protocol's store requests against one store.
+
+:class:`~p2psync.replication.protocol.ReplicationProtocol` asks for reads and writes as
+typed :class:`~p2psync.replication.effects.StoreRequest` values; a :class:`StoreService`
+answers them with the engine, the ledger, the checkpoint copies, the origins, the local
+fetcher and the read authorizer of one store, all writes going through its
+:class:`~p2psync.state.committer.GroupCommitter`. The store's own failures are mapped here to
+the profiles' refusals (§13), so the protocol only ever sees a :class:`PeerError`.
+
+Most requests are synchronous (:meth:`StoreService.run`); the ``durable`` ones wait for a
+commit: :meth:`run_durable` on trio, or :meth:`run_now` which commits at once (a test that
+pumps two protocols with no event loop).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Final
+
+import trio
+
+from p2psync.dwn.engine import Dwn
+from p2psync.dwn.errors import DwnError
+from p2psync.dwn.progress import ProgressToken
+from p2psync.dwn.replication_types import ReplicationApplyResult
+from p2psync.dwn.store import Store
+from p2psync.replication import effects as fx
+from p2psync.replication.checkpoint import CheckpointPendingOverflow
+from p2psync.replication.wire import PeerError
+from p2psync.state.authz import ReadAuthorizer
+from p2psync.state.committer import GroupCommitter, StoreUnavailable
+from p2psync.state.copies import CheckpointCopies, CopyRevConflict, Origins
+from p2psync.state.ledger import Ledger
+from p2psync.state.local import LocalStoreFetcher
+from p2psync.state.log import check_token
+
+__all__ = ["POLL_INTERVAL", "StoreService"]
+
+#: How often a continuous feed looks at the log when no local commit woke it (writes by other
+#: processes on the same store file are only seen this way). Ours.
+POLL_INTERVAL: Final = 0.5
+
+
+class StoreService:
+    """The store side of a peer's connections (see the module doc)."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        dwn: Dwn,
+        ledger: Ledger,
+        copies: CheckpointCopies,
+        committer: GroupCommitter,
+        authorizer: Any = None,
+    ) -> None:
+        self.store = store
+        self.dwn = dwn
+        self.ledger = ledger
+        self.copies = copies
+        self.committer = committer
+        self.authorizer = authorizer if authorizer is not None else ReadAuthorizer(store)
+        self.origins = Origins(store)
+        self.fetcher = LocalStoreFetcher(store)
+        self._sync: dict[type, Callable[[Any], Any]] = {
+            fx.ReadCopy: self._read_copy,
+            fx.Authorize: self._authorize,
+            fx.StillValid: self._still_valid,
+            fx.OpenFeed: self._open_feed,
+            fx.ReadPage: self._read_page,
+            fx.AnswerRefs: self._answer_refs,
+            fx.ReadOffered: self._read_offered,
+            fx.HeldMessages: self._held,
+            fx.Apply: self._apply,
+            fx.RecordSteps: self._record_steps,
+            fx.FlushCommits: self._flush,
+        }
+
+    # -- dispatch -----------------------------------------------------------------------------
+
+    def run(self, request: fx.StoreRequest) -> Any:
+        """Carry out a synchronous request (not ``durable``)."""
+        return self._sync[type(request)](request)
+
+    async def run_durable(self, request: fx.StoreRequest) -> Any:
+        """Carry out a ``durable`` request on trio: answered once its commit is durable."""
+        try:
+            if isinstance(request, fx.Durable):
+                await self.committer.durable(request.ticket)
+                return None
+            if isinstance(request, fx.WaitForLog):
+                with trio.move_on_after(POLL_INTERVAL):
+                    await self.committer.wait_commit()
+                return None
+            return await self.committer.write(self._writer(request))
+        except StoreUnavailable as exc:
+            raise PeerError(503, "StoreUnavailable", str(exc)) from exc
+
+    def run_now(self, request: fx.StoreRequest) -> Any:
+        """Any request, synchronously: a ``durable`` one commits at once."""
+        if not request.durable:
+            return self.run(request)
+        try:
+            if isinstance(request, fx.WaitForLog):
+                return None
+            if isinstance(request, fx.Durable):
+                self.committer.flush()
+                return None
+            result, _ = self.committer.run(self._writer(request))
+            self.committer.flush()
+            return result
+        except StoreUnavailable as exc:
+            raise PeerError(503, "StoreUnavailable", str(exc)) from exc
+
+    def record_at_commit(self, request: fx.RecordSteps, failed: Callable[[int, PeerError], None]) -> None:
+        """Give the ledger ``request``'s steps just before the open batch commits; an overflow
+        is reported to ``failed(index, error)`` (the sink then stops taking items)."""
+
+        def hook() -> None:
+            try:
+                self.ledger.record(request.key, request.direction, list(request.steps))
+            except CheckpointPendingOverflow as exc:
+                failed(request.index, PeerError(409, "CheckpointPendingOverflow", str(exc)))
+
+        self.committer.before_commit(hook)
+
+    # -- writes that wait for a commit ---------------------------------------------------------
+
+    def _writer(self, request: fx.StoreRequest) -> Callable[[], Any]:
+        if isinstance(request, fx.WriteCopy):
+            return lambda: self._write_copy(request)
+        if isinstance(request, fx.ApplyGrant):
+            return lambda: self.dwn.apply_replicated_message(request.tenant, request.message, request.data)
+        raise TypeError(f"not a durable write: {request!r}")
+
+    def _write_copy(self, request: fx.WriteCopy) -> str:
+        try:
+            return self.copies.set(request.peer_did, request.checkpoint_id, request.pair, request.rev)
+        except CopyRevConflict as exc:
+            body: dict[str, Any] = {"code": "CheckpointRevConflict", "detail": "rev is not the stored one"}
+            if exc.current is not None:
+                body["rev"] = exc.current
+            raise PeerError(409, "CheckpointRevConflict", "rev is not the stored one", body) from exc
+        except DwnError as exc:
+            raise PeerError(400, "CheckpointInvalid", str(exc)) from exc
+
+    # -- synchronous requests ------------------------------------------------------------------
+
+    def _read_copy(self, request: fx.ReadCopy) -> tuple[dict[str, Any], str] | None:
+        return self.copies.get(request.peer_did, request.checkpoint_id)
+
+    def _authorize(self, request: fx.Authorize) -> fx.ReadDecision:
+        if self.authorizer is None:
+            return fx.ReadDecision(False, "no grants are honoured by this peer")
+        decided = self.authorizer.reader(request.tenant, request.reader, request.scope)
+        if not decided.allowed:
+            return fx.ReadDecision(False, decided.reason)
+        return fx.ReadDecision(True, decided.reason, decided)
+
+    def _still_valid(self, request: fx.StillValid) -> bool:
+        grant = request.decision.grant
+        return grant is None or bool(self.authorizer.still_valid(request.tenant, grant))
+
+    def _may_read(self, tenant: str, decision: fx.ReadDecision) -> Callable[[dict[str, Any]], bool] | None:
+        grant = decision.grant
+        if grant is None:
+            return None
+        authorizer = self.authorizer
+        return lambda message: bool(authorizer.may_read(tenant, grant, message))
+
+    def _open_feed(self, request: fx.OpenFeed) -> tuple[Any, ProgressToken | None]:
+        store, tenant = self.store, request.tenant
+        gap = check_token(store, tenant, request.since) if request.since is not None else None
+        if gap is not None or store.tenant_id(tenant, create=False) is None:
+            return gap, None
+        row = store.conn.execute(
+            "SELECT e.position, e.cid FROM events e JOIN tenants t ON t.id = e.tenant WHERE t.did=?"
+            " ORDER BY e.position DESC LIMIT 1",
+            (tenant,),
+        ).fetchone()
+        if row is None:
+            return None, None
+        stream_id, epoch = store.events.stream(tenant)
+        return None, ProgressToken(stream_id, epoch, int(row[0]), str(row[1]))
+
+    def _read_page(self, request: fx.ReadPage) -> list[fx.PageRow]:
+        store, tenant = self.store, request.tenant
+        if store.tenant_id(tenant, create=False) is None:
+            return []
+        stream_id, epoch = store.events.stream(tenant)
+        rows = store.events.read(tenant, after=request.after, limit=request.limit)
+        echoes: set[str] = set()
+        if request.suppress_origin is not None and rows:
+            echoes = self.origins.from_store(
+                tenant, [c for p, c in rows if p > request.replay_until], request.suppress_origin
+            )
+        may_read = self._may_read(tenant, request.decision)
+        page: list[fx.PageRow] = []
+        for position, cid in rows:
+            token = ProgressToken(stream_id, epoch, position, cid)
+            if cid in echoes:
+                page.append(fx.PageRow(token, "echo"))
+                continue
+            listed = self.fetcher.listed_entry(tenant, cid)
+            entry, size = listed if listed is not None else (None, None)
+            if entry is not None and not request.scope.matches(entry.message):
+                page.append(fx.PageRow(token, "out_of_scope"))
+                continue
+            readable = entry is not None and (may_read is None or may_read(entry.message))
+            page.append(fx.PageRow(token, "listed", entry, size, readable))
+        return page
+
+    def _answer_refs(self, request: fx.AnswerRefs) -> list[tuple[list[Any], bool]]:
+        may_read = self._may_read(request.tenant, request.decision)
+        out: list[tuple[list[Any], bool]] = []
+        for ref in request.refs:
+            entries = [] if ref.terminal else self.fetcher.answer(request.tenant, ref)[: request.limit]
+            readable = [e for e in entries if may_read is None or may_read(e.message)]
+            out.append((readable, len(readable) != len(entries)))
+        return out
+
+    def _read_offered(self, request: fx.ReadOffered) -> bytes | None:
+        data = self.store.data.get(request.tenant, request.record_id, request.data_cid)
+        if data is None:
+            entry = self.fetcher.entry_by_cid(request.tenant, request.message_cid)
+            data = entry.data if entry is not None else None
+        return data
+
+    def _held(self, request: fx.HeldMessages) -> set[str]:
+        has = self.store.messages.has
+        return {cid for cid in request.cids if has(request.tenant, cid)}
+
+    def _apply(self, request: fx.Apply) -> tuple[ReplicationApplyResult, Any]:
+        entry, tenant, origin = request.entry, request.tenant, request.origin
+
+        def apply_and_note_origin() -> ReplicationApplyResult:
+            result = self.dwn.apply_replicated_message(tenant, entry.message, entry.data, cid=entry.cid)
+            if result.kind == "Applied" and origin is not None:
+                self.origins.record(tenant, entry.cid, origin)
+            return result
+
+        return self.committer.run(apply_and_note_origin)
+
+    def _record_steps(self, request: fx.RecordSteps) -> None:
+        try:
+            self.ledger.record(request.key, request.direction, list(request.steps))
+        except CheckpointPendingOverflow as exc:
+            raise PeerError(409, "CheckpointPendingOverflow", str(exc)) from exc
+
+    def _flush(self, request: fx.FlushCommits) -> None:
+        try:
+            self.committer.flush()
+        except StoreUnavailable as exc:
+            raise PeerError(503, "StoreUnavailable", str(exc)) from exc
