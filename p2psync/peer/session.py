@@ -15,7 +15,7 @@ import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Final
 
 import trio
 
@@ -24,6 +24,7 @@ from p2psync.dwn.did import Identity
 from p2psync.replication.effects import (
     CloseConnection,
     Collection,
+    Durable,
     Operation,
     OperationFinished,
     RecordSteps,
@@ -31,6 +32,7 @@ from p2psync.replication.effects import (
     SendReply,
     SendRequest,
     StoreCall,
+    WaitForLog,
 )
 from p2psync.replication.hello import Hello
 from p2psync.replication.observer import NO_OBSERVER, SyncObserver
@@ -44,6 +46,7 @@ from p2psync.replication.wire import (
     MAX_UNANSWERED_REVS,
     PeerError,
 )
+from p2psync.state.committer import StoreUnavailable
 from p2psync.state.service import StoreService
 
 __all__ = ["ALL_PROFILES", "HelloFailed", "PeerSession", "from_blip", "to_blip"]
@@ -51,6 +54,10 @@ __all__ = ["ALL_PROFILES", "HelloFailed", "PeerSession", "from_blip", "to_blip"]
 log = logging.getLogger("p2psync.peer")
 
 Handler = Callable[[blip.Request], Awaitable[blip.Reply | None]]
+
+#: How often a continuous feed looks at the log when no local commit woke it (writes by other
+#: processes on the same store file are only seen this way). Ours.
+POLL_INTERVAL: Final = 0.5
 
 
 def to_blip(error: PeerError) -> blip.BlipError:
@@ -212,8 +219,18 @@ class PeerSession:
             self.proto.store_done(call.ref, value)
 
     async def _store_durable(self, call: StoreCall) -> None:
+        request, committer = call.request, self.service.committer
         try:
-            value = await self.service.run_durable(call.request)
+            if isinstance(request, Durable):
+                value = await committer.durable(request.ticket)
+            elif isinstance(request, WaitForLog):
+                with trio.move_on_after(POLL_INTERVAL):
+                    await committer.wait_commit()
+                value = None
+            else:
+                value = await committer.write(self.service.writer(request))
+        except StoreUnavailable as exc:
+            self.proto.store_failed(call.ref, PeerError(503, "StoreUnavailable", str(exc)))
         except Exception as exc:
             self.proto.store_failed(call.ref, exc)
         else:

@@ -7,17 +7,15 @@ fetcher and the read authorizer of one store, all writes going through its
 :class:`~p2psync.state.committer.GroupCommitter`. The store's own failures are mapped here to
 the profiles' refusals (§13), so the protocol only ever sees a :class:`PeerError`.
 
-Most requests are synchronous (:meth:`StoreService.run`); the ``durable`` ones wait for a
-commit: :meth:`run_durable` on trio, or :meth:`run_now` which commits at once (a test that
-pumps two protocols with no event loop).
+Most requests are synchronous (:meth:`StoreService.run`). The ``durable`` ones wait for a
+commit: the trio driver awaits the group commit itself (:meth:`writer` gives it the write), and
+:meth:`run_now` commits at once (a test that pumps two protocols with no event loop).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Final
-
-import trio
+from typing import Any
 
 from p2psync.dwn.engine import Dwn
 from p2psync.dwn.errors import DwnError
@@ -34,11 +32,7 @@ from p2psync.state.ledger import Ledger
 from p2psync.state.local import LocalStoreFetcher
 from p2psync.state.log import check_token
 
-__all__ = ["POLL_INTERVAL", "StoreService"]
-
-#: How often a continuous feed looks at the log when no local commit woke it (writes by other
-#: processes on the same store file are only seen this way). Ours.
-POLL_INTERVAL: Final = 0.5
+__all__ = ["StoreService"]
 
 
 class StoreService:
@@ -82,20 +76,6 @@ class StoreService:
         """Carry out a synchronous request (not ``durable``)."""
         return self._sync[type(request)](request)
 
-    async def run_durable(self, request: fx.StoreRequest) -> Any:
-        """Carry out a ``durable`` request on trio: answered once its commit is durable."""
-        try:
-            if isinstance(request, fx.Durable):
-                await self.committer.durable(request.ticket)
-                return None
-            if isinstance(request, fx.WaitForLog):
-                with trio.move_on_after(POLL_INTERVAL):
-                    await self.committer.wait_commit()
-                return None
-            return await self.committer.write(self._writer(request))
-        except StoreUnavailable as exc:
-            raise PeerError(503, "StoreUnavailable", str(exc)) from exc
-
     def run_now(self, request: fx.StoreRequest) -> Any:
         """Any request, synchronously: a ``durable`` one commits at once."""
         if not request.durable:
@@ -106,7 +86,7 @@ class StoreService:
             if isinstance(request, fx.Durable):
                 self.committer.flush()
                 return None
-            result, _ = self.committer.run(self._writer(request))
+            result, _ = self.committer.run(self.writer(request))
             self.committer.flush()
             return result
         except StoreUnavailable as exc:
@@ -126,7 +106,8 @@ class StoreService:
 
     # -- writes that wait for a commit ---------------------------------------------------------
 
-    def _writer(self, request: fx.StoreRequest) -> Callable[[], Any]:
+    def writer(self, request: fx.StoreRequest) -> Callable[[], Any]:
+        """The write of a durable ``WriteCopy`` or ``ApplyGrant``, for the group commit."""
         if isinstance(request, fx.WriteCopy):
             return lambda: self._write_copy(request)
         if isinstance(request, fx.ApplyGrant):

@@ -1,0 +1,237 @@
+"""Two ReplicationProtocol objects pumped against each other: no trio, no sockets (issue #12).
+
+A plain loop carries every request, reply and refusal from one protocol object to the other
+and answers their store requests on real SQLite stores, synchronously. A seeded random source
+decides which in-flight message is delivered next, so the same exchange runs in many orders.
+The whole active round goes through: hello, getCollections, a pull, a push, setCheckpoint,
+and the checkpoints settle at the two logs' heads.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from p2psync.dwn.did import Identity
+from p2psync.dwn.engine import Dwn
+from p2psync.dwn.records_write import RecordsWrite
+from p2psync.dwn.store import Store
+from p2psync.replication.effects import (
+    CloseConnection,
+    OperationFinished,
+    RecordSteps,
+    SendError,
+    SendReply,
+    SendRequest,
+    StoreCall,
+)
+from p2psync.replication.hello import new_hello
+from p2psync.replication.protocol import ReplicationProtocol
+from p2psync.replication.scope import SyncScope
+from p2psync.replication.wire import PeerError
+from p2psync.state.committer import GroupCommitter
+from p2psync.state.copies import CheckpointCopies, checkpoint_id, store_id
+from p2psync.state.ledger import Direction, Ledger, LinkState
+from p2psync.state.service import StoreService
+from tests.peer.support import NOTE, assert_same
+from tests.replication.support import Clock, seeded
+
+ALICE = seeded("pump-alice")
+
+
+@dataclass
+class Side:
+    """One peer: its store, its store service and its protocol object."""
+
+    name: str
+    store: Store
+    service: StoreService
+    proto: ReplicationProtocol
+    #: rid -> (requester, requester's ref, max reply size) for requests this side must answer
+    asked: dict[int, tuple[Side, int, int | None]] = field(default_factory=dict)
+
+
+def make_side(tmp_path: Path, name: str, *, active: bool, max_unanswered_revs: int = 1000) -> Side:
+    store = Store(tmp_path / f"{name}.db")
+    ledger = Ledger.for_store(store)
+    service = StoreService(store, dwn=Dwn(store), ledger=ledger, copies=CheckpointCopies(store),
+                           committer=GroupCommitter(store))
+    proto = ReplicationProtocol(identity=ALICE, mine=new_hello(ALICE.did, store_id(store), "pump"), active=active,
+                                max_unanswered_revs=max_unanswered_revs)
+    return Side(name, store, service, proto)
+
+
+def write_notes(store: Store, author: Identity, count: int, clock: Clock, prefix: str) -> None:
+    dwn = Dwn(store)
+    for i in range(count):
+        now = clock.tick()
+        data = f"{prefix} {i}".encode() if i % 4 else bytes([i]) * 40_000  # every 4th travels out of line
+        write = RecordsWrite.create(signer=author, data=data, schema=NOTE, data_format="text/plain",
+                                    message_timestamp=now, date_created=now)
+        assert dwn.process_message(author.did, write.message, data).code == 202
+
+
+class Wire:
+    """The two sides and what is in flight between them; ``rng`` picks the next delivery."""
+
+    def __init__(self, a: Side, b: Side, rng: random.Random) -> None:
+        self.sides = (a, b)
+        self.rng = rng
+        self.in_flight: list[tuple[Side, str, tuple[Any, ...]]] = []
+        self.rids = 0
+        self.closed: list[CloseConnection] = []
+
+    def other(self, side: Side) -> Side:
+        return self.sides[1] if side is self.sides[0] else self.sides[0]
+
+    def collect(self, side: Side) -> None:
+        """Carry out what ``side`` asked for; messages to the other side go in flight."""
+        while outputs := side.proto.outputs():
+            for out in outputs:
+                if isinstance(out, StoreCall):
+                    self.store(side, out)
+                elif isinstance(out, SendRequest):
+                    self.rids += 1
+                    peer = self.other(side)
+                    if not out.no_reply:
+                        peer.asked[self.rids] = (side, out.ref, out.max_reply)
+                    self.in_flight.append((peer, "request", (self.rids, out.profile, out.properties, out.body)))
+                elif isinstance(out, SendReply | SendError):
+                    requester, ref, max_reply = side.asked.pop(out.rid)
+                    if isinstance(out, SendReply):
+                        assert max_reply is None or len(out.body) <= max_reply
+                        self.in_flight.append((requester, "reply", (ref, out.properties, out.body)))
+                    else:
+                        self.in_flight.append((requester, "error", (ref, out.error)))
+                elif isinstance(out, CloseConnection):
+                    self.closed.append(out)
+                else:
+                    assert isinstance(out, OperationFinished)
+
+    @staticmethod
+    def store(side: Side, call: StoreCall) -> None:
+        request = call.request
+        if call.ref < 0:
+            if isinstance(request, RecordSteps) and request.at_commit:
+                side.service.record_at_commit(request, side.proto.fail_feed)
+            else:
+                side.service.run_now(request)
+            return
+        try:
+            value = side.service.run_now(request)
+        except Exception as exc:
+            side.proto.store_failed(call.ref, exc)
+        else:
+            side.proto.store_done(call.ref, value)
+
+    def pump(self) -> int:
+        """Deliver until nothing is in flight; returns the deliveries made."""
+        delivered = 0
+        for side in self.sides:
+            self.collect(side)
+        while self.in_flight:
+            target, kind, args = self.in_flight.pop(self.rng.randrange(len(self.in_flight)))
+            # Replies to one request keep their order on a BLIP connection; requests are independent.
+            if kind == "request":
+                target.proto.receive_request(*args)
+            elif kind == "reply":
+                target.proto.receive_response(*args)
+            else:
+                ref, error = args
+                target.proto.receive_error(ref, PeerError(error.code, error.name, error.detail, dict(error.body)))
+            delivered += 1
+            for side in self.sides:
+                self.collect(side)
+        return delivered
+
+
+def run(wire: Wire, operation: Any) -> Any:
+    wire.pump()
+    assert operation.done, f"{operation.name} did not finish"
+    return operation.outcome()
+
+
+def test_no_event_loop_is_running() -> None:
+    with pytest.raises(RuntimeError):
+        trio.lowlevel.current_trio_token()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_full_pull_and_push_with_no_event_loop(tmp_path: Path, seed: int) -> None:
+    laptop = make_side(tmp_path, "laptop", active=False)
+    phone = make_side(tmp_path, "phone", active=True, max_unanswered_revs=7)
+    clock = Clock()
+    write_notes(laptop.store, ALICE, 23, clock, "laptop")
+    write_notes(phone.store, ALICE, 9, clock, "phone")
+    wire = Wire(laptop, phone, random.Random(seed))
+
+    # hello: each side proves its DID to the other (the passive starts its own at once).
+    laptop.proto.start_hello()
+    hello = phone.proto.start_hello()
+    run(wire, hello)
+    assert laptop.proto.hello_ok and phone.proto.hello_ok
+    assert phone.proto.theirs is not None and phone.proto.theirs.store_id == store_id(laptop.store)
+
+    # getCollections: no copy of the checkpoint pair on the laptop yet.
+    scope = SyncScope.global_scope()
+    cp_id = checkpoint_id(store_id(phone.store), store_id(laptop.store), scope.scope_id, ALICE.did)
+    index, copy = run(wire, phone.proto.open_collection(ALICE.did, scope, cp_id))
+    assert copy == {}
+
+    ledger = phone.service.ledger
+    key = ledger.open_link(ALICE.did, f"{ALICE.did}?storeId={store_id(laptop.store)}", scope).key
+    pull, sink = phone.proto.pull(index, None, key=key, direction=Direction.PULL, batch=5)
+    latest = run(wire, pull)
+    laptop_head = laptop.store.events.read(ALICE.did, after=-1, limit=1000)[-1]
+    assert latest == laptop_head[0]
+    assert sink.stats.revs_applied == 23 and sink.stats.attachments_fetched == 6
+
+    push, source = phone.proto.push(index, None, key=key, direction=Direction.PUSH, batch=4,
+                                    suppress_origin=store_id(laptop.store))
+    run(wire, push)
+    assert source.stats.revs_applied == 9
+    assert source.stats.echoes_suppressed == 23  # the pulled notes are not proposed back
+
+    # Both checkpoints settled at the two logs' heads, and the pair saved on the laptop.
+    pull_cp, _ = ledger.get_checkpoint(key, Direction.PULL)
+    push_cp, _ = ledger.get_checkpoint(key, Direction.PUSH)
+    assert pull_cp.contiguous_applied_token is not None
+    assert pull_cp.contiguous_applied_token.position == laptop_head[0]
+    assert not pull_cp.pending_tokens and not pull_cp.unapplied_tokens
+    phone_head = phone.store.events.read(ALICE.did, after=-1, limit=1000)[-1]
+    assert push_cp.contiguous_applied_token is not None
+    assert push_cp.contiguous_applied_token.position == phone_head[0]
+    pair = {"pull": pull_cp.to_wire(), "push": push_cp.to_wire()}
+    rev = run(wire, phone.proto.save_checkpoint(index, pair, None))
+    assert laptop.service.copies.get(ALICE.did, cp_id) == (pair, rev)
+    with pytest.raises(PeerError) as stale:
+        run(wire, phone.proto.save_checkpoint(index, pair, None))  # MVCC: the rev is required now
+    assert (stale.value.code, stale.value.name, stale.value.body.get("rev")) == (409, "CheckpointRevConflict", rev)
+    assert ledger.link(key).state == LinkState.INITIAL  # the driver, not the protocol, moves link states
+
+    assert_same(laptop.store, phone.store, ALICE)
+    assert wire.closed == []
+
+
+def test_requests_before_hello_are_refused_and_a_bad_proof_closes(tmp_path: Path) -> None:
+    laptop = make_side(tmp_path, "laptop", active=False)
+    phone = make_side(tmp_path, "phone", active=True)
+    wire = Wire(laptop, phone, random.Random(1))
+    scope = SyncScope.global_scope()
+    early = phone.proto.open_collection(ALICE.did, scope, "cp")
+    with pytest.raises(PeerError) as refused:
+        run(wire, early)
+    assert (refused.value.code, refused.value.name) == (401, "HelloRequired")
+
+    # A hello whose proof is signed by another key: the phone refuses it and closes.
+    laptop.proto.identity = seeded("mallory")
+    laptop.proto.start_hello()
+    hello = phone.proto.start_hello()
+    wire.pump()
+    assert hello.done and hello.error is not None
+    assert [c.reason for c in wire.closed] == ["P2PSync 401 HelloProofInvalid"]
