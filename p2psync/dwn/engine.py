@@ -26,7 +26,7 @@ TenantGate = Callable[[str], bool]
 
 
 def _handlers() -> dict[str, Callable[..., Reply]]:
-    from p2psync.dwn.handlers import messages, protocols
+    from p2psync.dwn.handlers import messages_handlers, protocols
 
     return {
         "RecordsWrite": records.handle_records_write,
@@ -35,10 +35,10 @@ def _handlers() -> dict[str, Callable[..., Reply]]:
         "RecordsQuery": records.handle_records_query,
         "ProtocolsConfigure": protocols.handle_protocols_configure,
         "ProtocolsQuery": protocols.handle_protocols_query,
-        "RecordsSubscribe": messages.handle_records_subscribe,
-        "MessagesQuery": messages.handle_messages_query,
-        "MessagesRead": messages.handle_messages_read,
-        "MessagesSubscribe": messages.handle_messages_subscribe,
+        "RecordsSubscribe": messages_handlers.handle_records_subscribe,
+        "MessagesQuery": messages_handlers.handle_messages_query,
+        "MessagesRead": messages_handlers.handle_messages_read,
+        "MessagesSubscribe": messages_handlers.handle_messages_subscribe,
     }
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Final
 
 from p2psync.dwn.errors import DwnError
-from p2psync.dwn.message import get_oldest_message
+from p2psync.dwn.generic_message import get_oldest_message
 from p2psync.dwn.permissions import (
     PERMISSIONS_PROTOCOL_URI,
     REVOCATION_PATH,

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from p2psync.dwn import permissions
 from p2psync.dwn.errors import DwnError
-from p2psync.dwn.message import GenericMessage, Message, get_author
+from p2psync.dwn.generic_message import GenericMessage, Message, get_author
 from p2psync.dwn.protocols import (
     ProtocolAction,
     ProtocolActor,

@@ -29,7 +29,7 @@ from p2psync.dwn import schemas, urls
 from p2psync.dwn.did import Identity
 from p2psync.dwn.encoding import json_compact
 from p2psync.dwn.errors import DwnError
-from p2psync.dwn.message import GenericMessage, Message, validate_signature_structure
+from p2psync.dwn.generic_message import GenericMessage, Message, validate_signature_structure
 from p2psync.dwn.records import create_authorization
 from p2psync.dwn.records_util import UNDEFINED, js_get, js_strict_equal, js_to_string, js_truthy
 from p2psync.dwn.timeutil import now_timestamp, validate_timestamp

@@ -15,7 +15,7 @@ from p2psync.dwn.datacid import data_cid as compute_data_cid
 from p2psync.dwn.did import Identity
 from p2psync.dwn.encoding import DescriptorEncoding, compute_cid, message_cid
 from p2psync.dwn.errors import DwnError
-from p2psync.dwn.message import (
+from p2psync.dwn.generic_message import (
     Message,
     check_signature_structure,
     get_author,

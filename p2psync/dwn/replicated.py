@@ -40,9 +40,9 @@ from p2psync.dwn import permissions
 from p2psync.dwn.datacid import data_cid as compute_data_cid
 from p2psync.dwn.encoding import message_cid
 from p2psync.dwn.errors import DwnError
+from p2psync.dwn.generic_message import get_author, get_newest_message
 from p2psync.dwn.handlers.records import STAGE_ERRORS
 from p2psync.dwn.jws import decode_payload
-from p2psync.dwn.message import get_author, get_newest_message
 from p2psync.dwn.records_write import RecordsWrite, fetch_initial_records_write_message, is_initial_write
 from p2psync.dwn.replication_types import (
     Ancestor,

@@ -59,9 +59,9 @@ from typing import Any, Final
 from p2psync.dwn.did import Identity
 from p2psync.dwn.encoding import message_cid
 from p2psync.dwn.errors import DwnError
+from p2psync.dwn.generic_message import get_oldest_message
 from p2psync.dwn.grant_authorization import perform_base_validation
 from p2psync.dwn.handlers.records import STAGE_ERRORS
-from p2psync.dwn.message import get_oldest_message
 from p2psync.dwn.permissions import (
     GRANT_PATH,
     PERMISSIONS_PROTOCOL_URI,

@@ -15,14 +15,14 @@ from typing import Any
 
 import pytest
 
-from p2psync.dwn import messages as msg
+from p2psync.dwn import messages_interface as msg
 from p2psync.dwn import permissions as perms
 from p2psync.dwn.did import Identity
 from p2psync.dwn.encoding import compute_cid, message_cid
 from p2psync.dwn.engine import Dwn
 from p2psync.dwn.errors import DwnError
 from p2psync.dwn.events import LocalEventStream, MessageEvent
-from p2psync.dwn.handlers.messages import (
+from p2psync.dwn.handlers.messages_handlers import (
     SubscriptionReply,
     handle_messages_subscribe,
     handle_records_subscribe,

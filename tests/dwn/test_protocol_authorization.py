@@ -17,7 +17,7 @@ import pytest
 from p2psync.dwn import permissions
 from p2psync.dwn.did import Identity
 from p2psync.dwn.engine import Dwn
-from p2psync.dwn.message import GenericMessage
+from p2psync.dwn.generic_message import GenericMessage
 from p2psync.dwn.protocol_authorization import (
     fetch_protocol_definition,
     get_rule_set_at_protocol_path,

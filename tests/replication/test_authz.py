@@ -19,7 +19,7 @@ from p2psync.dwn import permissions as perms
 from p2psync.dwn.did import Identity
 from p2psync.dwn.engine import Dwn
 from p2psync.dwn.errors import DwnError
-from p2psync.dwn.messages import create_messages_read
+from p2psync.dwn.messages_interface import create_messages_read
 from p2psync.dwn.protocols import ProtocolsConfigure
 from p2psync.dwn.records import create_records_delete
 from p2psync.dwn.records_write import RecordsWrite

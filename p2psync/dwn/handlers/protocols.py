@@ -14,7 +14,7 @@ from typing import Any, Final
 from p2psync.dwn import grant_authorization, permissions
 from p2psync.dwn.encoding import message_cid
 from p2psync.dwn.errors import DwnError
-from p2psync.dwn.message import Message, authenticate, get_newest_message, is_newer
+from p2psync.dwn.generic_message import Message, authenticate, get_newest_message, is_newer
 from p2psync.dwn.protocols import CONFIGURE, PROTOCOLS, ProtocolsConfigure, ProtocolsQuery
 from p2psync.dwn.reply import HandlerContext, Reply, reply_from_error
 from p2psync.dwn.store import Store

@@ -13,7 +13,7 @@ from p2psync.dwn import grant_authorization, permissions, protocol_authorization
 from p2psync.dwn.datacid import data_cid as compute_data_cid
 from p2psync.dwn.encoding import b64url_decode, b64url_encode, json_compact, message_cid
 from p2psync.dwn.errors import DwnError
-from p2psync.dwn.message import (
+from p2psync.dwn.generic_message import (
     GenericMessage,
     Message,
     authenticate,

@@ -16,7 +16,7 @@ from typing import Any, Final
 from p2psync.dwn import records_util, schemas
 from p2psync.dwn.did import Identity
 from p2psync.dwn.errors import DwnError
-from p2psync.dwn.message import GenericMessage, validate_signature_structure
+from p2psync.dwn.generic_message import GenericMessage, validate_signature_structure
 from p2psync.dwn.permissions import PERMISSIONS_PROTOCOL_URI
 from p2psync.dwn.records import create_authorization
 from p2psync.dwn.timeutil import now_timestamp, validate_timestamp

@@ -27,9 +27,9 @@ from p2psync.dwn import grant_authorization, permissions, protocol_authorization
 from p2psync.dwn.encoding import b64url_decode, message_cid
 from p2psync.dwn.errors import DwnError
 from p2psync.dwn.events import EventStream, EventSubscription, MessageEvent
+from p2psync.dwn.generic_message import GenericMessage, Message, authenticate
 from p2psync.dwn.handlers.records import STAGE_ERRORS
-from p2psync.dwn.message import GenericMessage, Message, authenticate
-from p2psync.dwn.messages import (
+from p2psync.dwn.messages_interface import (
     MessagesQuery,
     MessagesRead,
     MessagesSubscribe,
