@@ -20,7 +20,7 @@ Each function takes the incoming message either raw (a dict) or parsed (anything
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from p2psync.dwn.errors import DwnError
 from p2psync.dwn.generic_message import get_oldest_message
@@ -40,10 +40,9 @@ from p2psync.dwn.records_util import (
     js_to_string,
     js_truthy,
 )
+from p2psync.dwn.records_write import fetch_newest_records_write
+from p2psync.dwn.store import Store
 from p2psync.dwn.timeutil import compare_timestamps
-
-if TYPE_CHECKING:
-    from p2psync.dwn.store import Store
 
 __all__ = [
     "authorize_messages_query_or_subscribe",
@@ -414,8 +413,6 @@ def _verify_messages_scope(
         if is_records_write(message_to_read):
             records_write = message_to_read
         else:
-            from p2psync.dwn.records_write import fetch_newest_records_write
-
             records_write = fetch_newest_records_write(store, tenant, descriptor["recordId"])
         record_protocol = records_write["descriptor"].get("protocol", UNDEFINED)
         if js_strict_equal(record_protocol, scoped_protocol):

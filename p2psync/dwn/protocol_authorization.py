@@ -20,7 +20,7 @@ path segment naming an ``Object.prototype`` member finds "something").
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from p2psync.dwn import permissions
 from p2psync.dwn.errors import DwnError
@@ -44,9 +44,7 @@ from p2psync.dwn.records_write import (
     fetch_initial_records_write,
     get_initial_write,
 )
-
-if TYPE_CHECKING:
-    from p2psync.dwn.store import Store
+from p2psync.dwn.store import Store
 
 __all__ = [
     "authorize_delete",
