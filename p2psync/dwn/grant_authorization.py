@@ -24,22 +24,22 @@ from typing import Any, Final
 
 from p2psync.dwn.errors import DwnError
 from p2psync.dwn.generic_message import get_oldest_message
-from p2psync.dwn.permissions import (
-    PERMISSIONS_PROTOCOL_URI,
-    REVOCATION_PATH,
-    PermissionGrant,
-    get_scope_from_permission_record,
-    has_protocol_scope,
-)
-from p2psync.dwn.records_util import (
+from p2psync.dwn.js_values import (
     UNDEFINED,
-    is_records_write,
     js_get,
     js_strict_equal,
     js_to_primitive_string,
     js_to_string,
     js_truthy,
 )
+from p2psync.dwn.permission_grant import PermissionGrant
+from p2psync.dwn.permissions import (
+    PERMISSIONS_PROTOCOL_URI,
+    REVOCATION_PATH,
+    get_scope_from_permission_record,
+    has_protocol_scope,
+)
+from p2psync.dwn.records_util import is_records_write
 from p2psync.dwn.records_write import fetch_newest_records_write
 from p2psync.dwn.store import Store
 from p2psync.dwn.timeutil import compare_timestamps

@@ -25,6 +25,7 @@ from typing import Any, Final
 from p2psync.dwn import permissions
 from p2psync.dwn.errors import DwnError
 from p2psync.dwn.generic_message import GenericMessage, Message, get_author
+from p2psync.dwn.js_values import UNDEFINED, js_get, js_strict_equal, js_truthy
 from p2psync.dwn.protocols import (
     ProtocolAction,
     ProtocolActor,
@@ -32,12 +33,8 @@ from p2psync.dwn.protocols import (
     compile_tags_validator,
 )
 from p2psync.dwn.records_util import (
-    UNDEFINED,
     construct_prefix_filter_as_range_filter,
     get_parent_context_from_of_context_id,
-    js_get,
-    js_strict_equal,
-    js_truthy,
 )
 from p2psync.dwn.records_write import (
     RecordsWrite,

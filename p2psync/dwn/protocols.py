@@ -30,8 +30,8 @@ from p2psync.dwn.did import Identity
 from p2psync.dwn.encoding import json_compact
 from p2psync.dwn.errors import DwnError
 from p2psync.dwn.generic_message import GenericMessage, Message, validate_signature_structure
+from p2psync.dwn.js_values import UNDEFINED, js_get, js_strict_equal, js_to_string, js_truthy
 from p2psync.dwn.records import create_authorization
-from p2psync.dwn.records_util import UNDEFINED, js_get, js_strict_equal, js_to_string, js_truthy
 from p2psync.dwn.timeutil import now_timestamp, validate_timestamp
 
 __all__ = [

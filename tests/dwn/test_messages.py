@@ -27,6 +27,7 @@ from p2psync.dwn.handlers.messages_handlers import (
     handle_messages_subscribe,
     handle_records_subscribe,
 )
+from p2psync.dwn.permission_grant import PermissionGrant
 from p2psync.dwn.protocols import ProtocolsConfigure
 from p2psync.dwn.records import create_authorization, create_records_delete
 from p2psync.dwn.records_write import RecordsWrite
@@ -413,7 +414,7 @@ def test_read_authorization(dwn: Dwn, alice: Identity, bob: Identity, clock: Clo
     )
     revocation, revocation_data = perms.create_revocation(
         signer=alice,
-        grant=perms.PermissionGrant.parse(perms.with_encoded_data(grant, grant_data)),
+        grant=PermissionGrant.parse(perms.with_encoded_data(grant, grant_data)),
         date_revoked=clock(),
     )
     assert dwn.process_message(alice.did, revocation.message, revocation_data).code == 202
