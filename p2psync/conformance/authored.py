@@ -21,6 +21,7 @@ from p2psync.conformance.scenario import b64url_encode, expand_data_gen
 from p2psync.dwn import permissions
 from p2psync.dwn.did import Identity
 from p2psync.dwn.encoding import message_cid
+from p2psync.dwn.permission_grant import PermissionGrant
 from p2psync.dwn.protocols import ProtocolsConfigure, ProtocolsQuery
 from p2psync.dwn.records import create_records_delete, create_records_query, create_records_read
 from p2psync.dwn.records_write import RecordsWrite
@@ -281,7 +282,7 @@ def grants() -> dict[str, Any]:
     b.step(alice, read, 200, "bob reads with the read grant")
     signed_before = note("signed before revocation", grant.record_id)
     revocation, revocation_data = permissions.create_revocation(
-        signer=alice, grant=permissions.PermissionGrant.parse(permissions.with_encoded_data(grant.message, grant_data)),
+        signer=alice, grant=PermissionGrant.parse(permissions.with_encoded_data(grant.message, grant_data)),
         date_revoked=b.tick())
     b.step(alice, revocation.message, 202, "alice revokes the write grant",
            carry={"data": b64url_encode(revocation_data)})

@@ -9,16 +9,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from p2psync.dwn import schemas
+from p2psync.dwn import replicated, schemas
 from p2psync.dwn.errors import DwnError
-from p2psync.dwn.handlers import records
+from p2psync.dwn.handlers import messages_handlers, protocols, records
+from p2psync.dwn.replication_types import ReplicationApplyResult
 from p2psync.dwn.reply import HandlerContext, Reply, reply_from_error
 from p2psync.dwn.store import Store
-
-if TYPE_CHECKING:
-    from p2psync.dwn.replication_types import ReplicationApplyResult
 
 log = logging.getLogger(__name__)
 
@@ -26,8 +24,6 @@ TenantGate = Callable[[str], bool]
 
 
 def _handlers() -> dict[str, Callable[..., Reply]]:
-    from p2psync.dwn.handlers import messages, protocols
-
     return {
         "RecordsWrite": records.handle_records_write,
         "RecordsDelete": records.handle_records_delete,
@@ -35,10 +31,10 @@ def _handlers() -> dict[str, Callable[..., Reply]]:
         "RecordsQuery": records.handle_records_query,
         "ProtocolsConfigure": protocols.handle_protocols_configure,
         "ProtocolsQuery": protocols.handle_protocols_query,
-        "RecordsSubscribe": messages.handle_records_subscribe,
-        "MessagesQuery": messages.handle_messages_query,
-        "MessagesRead": messages.handle_messages_read,
-        "MessagesSubscribe": messages.handle_messages_subscribe,
+        "RecordsSubscribe": messages_handlers.handle_records_subscribe,
+        "MessagesQuery": messages_handlers.handle_messages_query,
+        "MessagesRead": messages_handlers.handle_messages_read,
+        "MessagesSubscribe": messages_handlers.handle_messages_subscribe,
     }
 
 
@@ -87,9 +83,7 @@ class Dwn:
         ``cid``: the message's CID when the caller has already computed it from this very
         object (never a CID taken from the wire).
         """
-        from p2psync.dwn.replicated import apply_replicated_message
-
-        return apply_replicated_message(self, tenant, message, data, cid=cid)
+        return replicated.apply_replicated_message(self, tenant, message, data, cid=cid)
 
     def process_message(self, tenant: str, message: Any, data: bytes | None = None) -> Reply:
         """Process one message (with its data for a RecordsWrite) and answer like the reference."""

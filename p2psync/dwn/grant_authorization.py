@@ -20,30 +20,29 @@ Each function takes the incoming message either raw (a dict) or parsed (anything
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from p2psync.dwn.errors import DwnError
-from p2psync.dwn.message import get_oldest_message
-from p2psync.dwn.permissions import (
-    PERMISSIONS_PROTOCOL_URI,
-    REVOCATION_PATH,
-    PermissionGrant,
-    get_scope_from_permission_record,
-    has_protocol_scope,
-)
-from p2psync.dwn.records_util import (
+from p2psync.dwn.generic_message import get_oldest_message
+from p2psync.dwn.js_values import (
     UNDEFINED,
-    is_records_write,
     js_get,
     js_strict_equal,
     js_to_primitive_string,
     js_to_string,
     js_truthy,
 )
+from p2psync.dwn.permission_grant import PermissionGrant
+from p2psync.dwn.permissions import (
+    PERMISSIONS_PROTOCOL_URI,
+    REVOCATION_PATH,
+    get_scope_from_permission_record,
+    has_protocol_scope,
+)
+from p2psync.dwn.records_util import is_records_write
+from p2psync.dwn.records_write import fetch_newest_records_write
+from p2psync.dwn.store import Store
 from p2psync.dwn.timeutil import compare_timestamps
-
-if TYPE_CHECKING:
-    from p2psync.dwn.store import Store
 
 __all__ = [
     "authorize_messages_query_or_subscribe",
@@ -414,8 +413,6 @@ def _verify_messages_scope(
         if is_records_write(message_to_read):
             records_write = message_to_read
         else:
-            from p2psync.dwn.records_write import fetch_newest_records_write
-
             records_write = fetch_newest_records_write(store, tenant, descriptor["recordId"])
         record_protocol = records_write["descriptor"].get("protocol", UNDEFINED)
         if js_strict_equal(record_protocol, scoped_protocol):

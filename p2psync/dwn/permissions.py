@@ -21,15 +21,13 @@ so a protocol-filtered sync picks up the permissions that belong with it.
 from __future__ import annotations
 
 import copy
-import json
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from p2psync.dwn import schemas, urls
 from p2psync.dwn.did import Identity
-from p2psync.dwn.encoding import b64url_decode, b64url_encode, json_compact
+from p2psync.dwn.encoding import b64url_encode, json_compact
 from p2psync.dwn.errors import DwnError
-from p2psync.dwn.jws import signer_did
-from p2psync.dwn.records_util import (
+from p2psync.dwn.js_values import (
     JS_TYPE_ERROR,
     THROWN_STATUS,
     UNDEFINED,
@@ -38,11 +36,10 @@ from p2psync.dwn.records_util import (
     js_strict_equal,
     js_to_string,
 )
+from p2psync.dwn.permission_grant import PermissionGrant, PermissionRequest, parse_json_data
+from p2psync.dwn.records_write import RecordsWrite
+from p2psync.dwn.store import Store
 from p2psync.dwn.timeutil import validate_timestamp
-
-if TYPE_CHECKING:
-    from p2psync.dwn.records_write import RecordsWrite
-    from p2psync.dwn.store import Store
 
 __all__ = [
     "GRANT_PATH",
@@ -50,8 +47,6 @@ __all__ = [
     "PROTOCOL_DEFINITION",
     "REQUEST_PATH",
     "REVOCATION_PATH",
-    "PermissionGrant",
-    "PermissionRequest",
     "builtin_protocol_definition",
     "create_grant",
     "create_request",
@@ -59,7 +54,6 @@ __all__ = [
     "fetch_grant",
     "get_scope_from_permission_record",
     "has_protocol_scope",
-    "parse_json_data",
     "validate_revocation_protocol_tag",
     "validate_schema",
     "with_encoded_data",
@@ -79,10 +73,6 @@ PERMISSION_RECORD_MAX_SIZE: Final = 10_000
 
 #: Data format of every permission record.
 PERMISSION_DATA_FORMAT: Final = "application/json"
-
-#: Code for permission data that is not JSON. The reference lets ``JSON.parse`` throw a plain
-#: ``SyntaxError`` there (no DwnError code), so the record is not answered with a 400.
-JSON_SYNTAX_ERROR: Final = "SyntaxError"
 
 # Status of an authorization failure: every reference handler answers these with 401.
 _UNAUTHORIZED: Final = 401
@@ -125,142 +115,7 @@ def builtin_protocol_definition(protocol_uri: str) -> dict[str, Any] | None:
     return None
 
 
-# --------------------------------------------------------------------------- data parsing
-
-
-def parse_json_data(data: bytes) -> Any:
-    """Parse record data as the reference does: ``JSON.parse(new TextDecoder().decode(data))``.
-
-    Invalid UTF-8 becomes U+FFFD and one leading BOM is dropped (TextDecoder's defaults);
-    ``NaN``/``Infinity``, which Python's parser would take, are refused as JS refuses them.
-    Raises ``DwnError(SyntaxError)`` when the text is not JSON.
-    """
-    text = data.decode("utf-8", errors="replace")
-    if text.startswith("\ufeff"):
-        text = text[1:]
-    try:
-        return json.loads(text, parse_constant=_refuse_constant)
-    except (ValueError, RecursionError) as exc:
-        raise js_error(
-            JSON_SYNTAX_ERROR, f"permission record data is not valid JSON: {exc}"
-        ) from None
-
-
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"Unexpected token {name[0]!r} in JSON")
-
-
-def _decode_encoded_data(message: Any) -> Any:
-    # `Encoder.base64UrlToObject(message.encodedData)`: TypeError when absent.
-    encoded = js_get(message, "encodedData")
-    if not isinstance(encoded, str):
-        raise js_error(JS_TYPE_ERROR, "permission record has no encodedData to read")
-    return parse_json_data(b64url_decode(encoded))
-
-
-def _top_level(data: Any, key: str) -> Any:
-    """A member of the decoded data; ``None`` when absent.
-
-    At this level ``null`` and an absent member lead every check to the same outcome, so
-    callers get plain ``None`` for both.
-    """
-    value = js_get(data, key)
-    return None if value is UNDEFINED else value
-
-
-def _signer_or_none(message: Any) -> str | None:
-    authorization = js_get(message, "authorization")
-    if authorization is UNDEFINED:
-        return None
-    return signer_did(js_get(authorization, "signature"))
-
-
-# --------------------------------------------------------------------------- grants and requests
-
-
-class PermissionGrant:
-    """A permission grant read from its RecordsWrite (which must carry ``encodedData``).
-
-    Attributes hold the values as the grant message states them; the grant data members are
-    ``None`` when absent. ``scope`` is kept raw (a dict for any grant that passed
-    :func:`validate_schema`; an embedded delegated grant is never schema-checked).
-    """
-
-    __slots__ = (
-        "message",
-        "data",
-        "id",
-        "grantor",
-        "grantee",
-        "date_granted",
-        "date_expires",
-        "request_id",
-        "description",
-        "delegated",
-        "scope",
-        "conditions",
-    )
-
-    def __init__(self, message: dict[str, Any]) -> None:
-        descriptor = js_get(message, "descriptor")
-        self.message = message
-        self.id: str = _top_level(message, "recordId")
-        self.grantor: str | None = _signer_or_none(message)
-        self.grantee: str | None = _top_level(descriptor, "recipient")
-        self.date_granted: str = _top_level(descriptor, "dateCreated")
-        data = _decode_encoded_data(message)
-        if data is None:
-            raise js_error(JS_TYPE_ERROR, "Cannot read properties of null (reading 'dateExpires')")
-        self.data: Any = data
-        self.date_expires: Any = _top_level(data, "dateExpires")
-        self.delegated: Any = _top_level(data, "delegated")
-        self.description: Any = _top_level(data, "description")
-        self.request_id: Any = _top_level(data, "requestId")
-        self.scope: Any = _top_level(data, "scope")
-        self.conditions: Any = _top_level(data, "conditions")
-
-    @classmethod
-    def parse(cls, message: dict[str, Any]) -> PermissionGrant:
-        """Read a grant from its data-encoded RecordsWrite message."""
-        return cls(message)
-
-    def __repr__(self) -> str:
-        return (
-            f"PermissionGrant(id={self.id!r}, grantor={self.grantor!r}, grantee={self.grantee!r})"
-        )
-
-
-class PermissionRequest:
-    """A permission request read from its data-encoded RecordsWrite."""
-
-    __slots__ = (
-        "message",
-        "data",
-        "id",
-        "requester",
-        "delegated",
-        "description",
-        "scope",
-        "conditions",
-    )
-
-    def __init__(self, message: dict[str, Any]) -> None:
-        self.message = message
-        self.id: str = _top_level(message, "recordId")
-        self.requester: str | None = _signer_or_none(message)
-        data = _decode_encoded_data(message)
-        if data is None:
-            raise js_error(JS_TYPE_ERROR, "Cannot read properties of null (reading 'delegated')")
-        self.data: Any = data
-        self.delegated: Any = _top_level(data, "delegated")
-        self.description: Any = _top_level(data, "description")
-        self.scope: Any = _top_level(data, "scope")
-        self.conditions: Any = _top_level(data, "conditions")
-
-    @classmethod
-    def parse(cls, message: dict[str, Any]) -> PermissionRequest:
-        """Read a request from its data-encoded RecordsWrite message."""
-        return cls(message)
+# --------------------------------------------------------------------------- scopes
 
 
 def has_protocol_scope(scope: Any) -> bool:
@@ -356,7 +211,7 @@ def validate_schema(records_write_message: dict[str, Any], data_bytes: bytes) ->
     those with 400); also ``SyntaxError`` for non-JSON data, ``UrlProtocolNotNormalized`` for
     an unnormalized scoped protocol and ``TimestampInvalid`` for a bad ``dateExpires`` — which
     the reference lets escape its RecordsWrite handler instead of answering 400, so they carry
-    status 500 (:data:`~p2psync.dwn.records_util.THROWN_STATUS`).
+    status 500 (:data:`~p2psync.dwn.js_values.THROWN_STATUS`).
     """
     data = parse_json_data(data_bytes)
     path = records_write_message["descriptor"].get("protocolPath", UNDEFINED)
@@ -455,8 +310,6 @@ def _permission_record(
 ) -> tuple[RecordsWrite, bytes]:
     """A record of the permissions protocol, stamped ``timestamp`` (default now) as both its
     ``messageTimestamp`` and ``dateCreated``."""
-    from p2psync.dwn.records_write import RecordsWrite
-
     write = RecordsWrite.create(
         signer=signer,
         message_timestamp=timestamp,

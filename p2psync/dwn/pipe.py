@@ -16,7 +16,9 @@ from typing import IO, Any
 from p2psync.dwn.encoding import b64url_decode, message_cid
 from p2psync.dwn.engine import Dwn
 from p2psync.dwn.errors import DwnError
+from p2psync.dwn.replicated import apply_replicated_message_json
 from p2psync.dwn.reply import Reply
+from p2psync.dwn.store import Store
 
 _JS_MAX_SAFE_INTEGER = 2**53 - 1
 
@@ -107,8 +109,6 @@ class PipeSession:
 
 def run_pipe(store_path: str, stdin: IO[str] | None = None, stdout: IO[str] | None = None) -> int:
     """Serve the pipe over stdin/stdout until end of input."""
-    from p2psync.dwn.store import Store
-
     stdin = stdin or sys.stdin
     stdout = stdout or sys.stdout
     dwn = Dwn(Store(store_path))
@@ -126,9 +126,5 @@ def run_pipe(store_path: str, stdin: IO[str] | None = None, stdout: IO[str] | No
     return 0
 
 
-def _replicated_apply(dwn: Dwn) -> Applier | None:
-    try:
-        from p2psync.dwn.replicated import apply_replicated_message_json
-    except ImportError:
-        return None
+def _replicated_apply(dwn: Dwn) -> Applier:
     return lambda tenant, message, data: apply_replicated_message_json(dwn, tenant, message, data)

@@ -20,11 +20,12 @@ path segment naming an ``Object.prototype`` member finds "something").
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from p2psync.dwn import permissions
 from p2psync.dwn.errors import DwnError
-from p2psync.dwn.message import GenericMessage, Message, get_author
+from p2psync.dwn.generic_message import GenericMessage, Message, get_author
+from p2psync.dwn.js_values import UNDEFINED, js_get, js_strict_equal, js_truthy
 from p2psync.dwn.protocols import (
     ProtocolAction,
     ProtocolActor,
@@ -32,21 +33,15 @@ from p2psync.dwn.protocols import (
     compile_tags_validator,
 )
 from p2psync.dwn.records_util import (
-    UNDEFINED,
     construct_prefix_filter_as_range_filter,
     get_parent_context_from_of_context_id,
-    js_get,
-    js_strict_equal,
-    js_truthy,
 )
 from p2psync.dwn.records_write import (
     RecordsWrite,
     fetch_initial_records_write,
     get_initial_write,
 )
-
-if TYPE_CHECKING:
-    from p2psync.dwn.store import Store
+from p2psync.dwn.store import Store
 
 __all__ = [
     "authorize_delete",

@@ -21,17 +21,17 @@ import re
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Final
 
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
+from jsonschema import Draft202012Validator, validators
+from jsonschema.exceptions import SchemaError, ValidationError
 from referencing.exceptions import Unresolvable
 
 from p2psync.dwn import schemas, urls
 from p2psync.dwn.did import Identity
 from p2psync.dwn.encoding import json_compact
 from p2psync.dwn.errors import DwnError
-from p2psync.dwn.message import GenericMessage, Message, validate_signature_structure
+from p2psync.dwn.generic_message import GenericMessage, Message, validate_signature_structure
+from p2psync.dwn.js_values import UNDEFINED, js_get, js_strict_equal, js_to_string, js_truthy
 from p2psync.dwn.records import create_authorization
-from p2psync.dwn.records_util import UNDEFINED, js_get, js_strict_equal, js_to_string, js_truthy
 from p2psync.dwn.timeutil import now_timestamp, validate_timestamp
 
 __all__ = [
@@ -388,8 +388,6 @@ def _js_pattern_keyword(
     validator: Any, pattern: Any, instance: Any, schema: Any
 ) -> Iterator[Any]:
     """``pattern`` with JS semantics (AJV tests ``new RegExp(pattern, "u").test(value)``)."""
-    from jsonschema.exceptions import ValidationError
-
     if not isinstance(instance, str):
         return
     compiled = _cached_pattern(pattern)
@@ -408,8 +406,6 @@ def _cached_pattern(pattern: str) -> re.Pattern[str] | None:
 
 
 def _make_tags_validator_class() -> Any:
-    from jsonschema import validators
-
     return validators.extend(Draft202012Validator, {"pattern": _js_pattern_keyword})
 
 

@@ -5,27 +5,30 @@ the check that a delegated grant embedded in a message really is the grant its s
 the flattening of ``tags`` into ``tag.<name>`` index keys, and the conversion of a client's
 ``RecordsFilter`` into the filter the message store evaluates.
 
-The section at the end reproduces the few JavaScript value rules the reference's checks lean
-on (``===``, ``undefined`` versus ``null``, string coercion, truthiness). Values that reach
-these checks are JSON a peer sent us, not always schema-checked (a delegated grant's data never
-is), so "what would JS do with this" decides whether a message is accepted.
+The JavaScript value rules these checks lean on (``===``, ``undefined`` versus ``null``,
+string coercion, truthiness) are in :mod:`p2psync.dwn.js_values`.
 """
 
 from __future__ import annotations
 
-import math
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from p2psync.dwn import urls
 from p2psync.dwn.encoding import message_cid
 from p2psync.dwn.errors import DwnError
+from p2psync.dwn.js_values import (
+    JS_TYPE_ERROR,
+    UNDEFINED,
+    js_error,
+    js_get,
+    js_strict_equal,
+    js_to_string,
+    js_truthy,
+)
 from p2psync.dwn.jws import signer_did
-
-if TYPE_CHECKING:
-    from p2psync.dwn.permissions import PermissionGrant
+from p2psync.dwn.permission_grant import PermissionGrant
 
 __all__ = [
-    "UNDEFINED",
     "build_tag_indexes",
     "can_perform_delete_against_record",
     "construct_prefix_filter_as_range_filter",
@@ -39,11 +42,6 @@ __all__ = [
     "is_signed_by_author_delegate",
     "is_signed_by_owner_delegate",
     "is_starts_with_filter",
-    "js_error",
-    "js_get",
-    "js_strict_equal",
-    "js_to_string",
-    "js_truthy",
     "normalize_filter",
     "should_build_unpublished_author_filter",
     "should_build_unpublished_recipient_filter",
@@ -57,21 +55,6 @@ PUBLISHED_DATE_SORTS: Final = frozenset({"publishedAscending", "publishedDescend
 #: Appended to a prefix to make the exclusive upper bound of a prefix range
 #: (``FilterUtility.constructPrefixFilterAsRangeFilter``): the largest BMP code unit.
 PREFIX_RANGE_SENTINEL: Final = "\uffff"
-
-#: Code of the errors the reference raises as a plain JS ``TypeError`` (reading a property of
-#: ``null``/``undefined``). They carry no DwnError code there; handlers treat them as any
-#: other failure at that point.
-JS_TYPE_ERROR: Final = "TypeError"
-
-#: Status of an error the reference throws instead of answering (its handler does not catch
-#: it, so ``processMessage`` rejects; the interop harness reports that as 500). A handler that
-#: does catch it answers with its own status, as the reference's does.
-THROWN_STATUS: Final = 500
-
-
-def js_error(code: str, detail: str) -> DwnError:
-    """An error that is a plain JavaScript exception in the reference (status 500)."""
-    return DwnError(code, detail, THROWN_STATUS)
 
 
 # --------------------------------------------------------------------------- message shape
@@ -132,14 +115,6 @@ def can_perform_delete_against_record(
 # --------------------------------------------------------------------------- delegated grants
 
 
-def _permission_grant_class() -> type[PermissionGrant]:
-    # Imported late: permissions -> records_write -> this module at import time. Only
-    # messages that embed a delegated grant get here, so the common path skips the import.
-    from p2psync.dwn.permissions import PermissionGrant
-
-    return PermissionGrant
-
-
 def validate_delegated_grant_referential_integrity(
     message: dict[str, Any],
     signature_payload: dict[str, Any] | None,
@@ -168,7 +143,7 @@ def validate_delegated_grant_referential_integrity(
     if author_grant_defined:
         assert signature_payload is not None  # implied by the existence check above
         grant_message = authorization["authorDelegatedGrant"]
-        grant = _permission_grant_class().parse(grant_message)
+        grant = PermissionGrant.parse(grant_message)
         if grant.delegated is not True:
             raise DwnError(
                 "RecordsAuthorDelegatedGrantNotADelegatedGrant",
@@ -206,7 +181,7 @@ def validate_delegated_grant_referential_integrity(
     if owner_grant_defined:
         assert owner_signature_payload is not None
         grant_message = authorization["ownerDelegatedGrant"]
-        grant = _permission_grant_class().parse(grant_message)
+        grant = PermissionGrant.parse(grant_message)
         if grant.delegated is not True:
             raise DwnError(
                 "RecordsOwnerDelegatedGrantNotADelegatedGrant",
@@ -380,123 +355,6 @@ def _filter_admits(value: Any, did: str) -> bool:
     if isinstance(value, list):
         return len(value) == 0 or any(js_strict_equal(v, did) for v in value)
     return value is UNDEFINED or js_strict_equal(value, did)
-
-
-# --------------------------------------------------------------------------- JS value rules
-
-
-class _Undefined:
-    """JavaScript's ``undefined``: a property that is absent, as opposed to JSON ``null``."""
-
-    _instance: _Undefined | None = None
-
-    def __new__(cls) -> _Undefined:
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
-
-    def __repr__(self) -> str:
-        return "UNDEFINED"
-
-    def __bool__(self) -> bool:
-        return False
-
-
-#: The value of an absent property (JSON ``null`` is Python ``None``).
-UNDEFINED: Final = _Undefined()
-
-
-def js_get(value: Any, key: str) -> Any:
-    """``value[key]`` as JS reads it from a JSON value: :data:`UNDEFINED` when absent.
-
-    Reading any property of ``null``/``undefined`` is a TypeError in JS; of a string, number,
-    boolean or array it is ``undefined`` for the plain names used here.
-    """
-    if value is None or value is UNDEFINED:
-        what = "null" if value is None else "undefined"
-        raise js_error(JS_TYPE_ERROR, f"Cannot read properties of {what} (reading '{key}')")
-    if isinstance(value, dict):
-        return value.get(key, UNDEFINED)
-    return UNDEFINED
-
-
-def js_strict_equal(a: Any, b: Any) -> bool:
-    """JS ``a === b`` for JSON values (objects and arrays are equal only to themselves)."""
-    if isinstance(a, dict | list) or isinstance(b, dict | list):
-        return a is b
-    if a is UNDEFINED or b is UNDEFINED or a is None or b is None:
-        return a is b
-    if isinstance(a, bool) or isinstance(b, bool):
-        return type(a) is type(b) and a == b
-    if isinstance(a, int | float) and isinstance(b, int | float):
-        return bool(a == b)
-    if isinstance(a, str) and isinstance(b, str):
-        return a == b
-    return False
-
-
-def js_truthy(value: Any) -> bool:
-    """JS truthiness: objects and arrays are truthy even when empty; ``NaN`` is not."""
-    if isinstance(value, dict | list):
-        return True
-    if isinstance(value, float) and math.isnan(value):
-        return False
-    return bool(value)
-
-
-def js_to_string(value: Any) -> str:
-    """``String(value)`` for a JSON value.
-
-    Arrays join their items with ``,`` (``null`` items as empty); objects are
-    ``[object Object]``.
-    """
-    if value is UNDEFINED:
-        return "undefined"
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return _js_number_to_string(value)
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list):
-        return ",".join("" if v is None or v is UNDEFINED else js_to_string(v) for v in value)
-    return "[object Object]"
-
-
-def _js_number_to_string(number: int | float) -> str:
-    if isinstance(number, float):
-        if math.isnan(number):
-            return "NaN"
-        if math.isinf(number):
-            return "Infinity" if number > 0 else "-Infinity"
-        if number.is_integer() and abs(number) < 1e21:
-            return str(int(number))
-        # Shortest round-trip digits, as both languages pick; only the exponent form differs.
-        text = repr(number)
-        if "e" in text:
-            mantissa, exponent = text.split("e")
-            sign = "-" if exponent.startswith("-") else "+"
-            return f"{mantissa}e{sign}{exponent.lstrip('+-').lstrip('0') or '0'}"
-        return text
-    if abs(number) < 10**21:
-        return str(number)
-    return _js_number_to_string(float(number))
-
-
-def js_to_primitive_string(value: Any) -> str | None:
-    """The string JS compares ``value`` as in ``<``/``>=`` against a string, else ``None``.
-
-    Strings, arrays and objects compare as strings; ``undefined``, ``null``, booleans and
-    numbers turn the comparison numeric, and a DWN timestamp is ``NaN`` as a number, so every
-    such comparison is false (``None`` here).
-    """
-    if isinstance(value, str):
-        return value
-    if isinstance(value, dict | list):
-        return js_to_string(value)
-    return None
 
 
 def _js_bool(flag: bool) -> str:

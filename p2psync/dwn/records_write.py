@@ -8,24 +8,22 @@ publication state, ``dataFormat`` and ``tags``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from p2psync.dwn import jws, records_util, urls
 from p2psync.dwn.datacid import data_cid as compute_data_cid
 from p2psync.dwn.did import Identity
 from p2psync.dwn.encoding import DescriptorEncoding, compute_cid, message_cid
 from p2psync.dwn.errors import DwnError
-from p2psync.dwn.message import (
+from p2psync.dwn.generic_message import (
     Message,
     check_signature_structure,
     get_author,
     get_newest_message,
     get_signer,
 )
+from p2psync.dwn.store import Store
 from p2psync.dwn.timeutil import now_timestamp, validate_timestamp
-
-if TYPE_CHECKING:
-    from p2psync.dwn.store import Store
 
 # Descriptor properties a later write may change; every other one is fixed by the initial write.
 MUTABLE_DESCRIPTOR_PROPERTIES = frozenset(

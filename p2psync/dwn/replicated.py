@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import TYPE_CHECKING, Any, Final
+import typing
+from typing import Any, Final
 
 import apsw
 
@@ -40,9 +41,9 @@ from p2psync.dwn import permissions
 from p2psync.dwn.datacid import data_cid as compute_data_cid
 from p2psync.dwn.encoding import message_cid
 from p2psync.dwn.errors import DwnError
+from p2psync.dwn.generic_message import get_author, get_newest_message
 from p2psync.dwn.handlers.records import STAGE_ERRORS
 from p2psync.dwn.jws import decode_payload
-from p2psync.dwn.message import get_author, get_newest_message
 from p2psync.dwn.records_write import RecordsWrite, fetch_initial_records_write_message, is_initial_write
 from p2psync.dwn.replication_types import (
     Ancestor,
@@ -63,12 +64,10 @@ from p2psync.dwn.replication_types import (
     Superseded,
 )
 from p2psync.dwn.reply import Reply, reply_from_error
-
-if TYPE_CHECKING:
-    from p2psync.dwn.engine import Dwn
-    from p2psync.dwn.store import Store
+from p2psync.dwn.store import Store
 
 __all__ = [
+    "MessageProcessor",
     "adapt_reply",
     "apply_replicated_message",
     "apply_replicated_message_json",
@@ -118,11 +117,27 @@ _COMPOSED_PROTOCOL_IN_DETAIL = re.compile(r"composed protocol '([^']+)'")
 _ANCESTOR_IN_DETAIL = re.compile(r"ID (\S+)")
 
 
+class MessageProcessor(typing.Protocol):
+    """What a replicated apply needs of the engine (:class:`p2psync.dwn.engine.Dwn` is one).
+
+    Declared here so the engine depends on this module and not the other way round.
+    """
+
+    @property
+    def store(self) -> Store: ...
+
+    def validate_tenant(self, tenant: str) -> Reply | None: ...
+
+    def validate_message_integrity(self, message: Any) -> Reply | None: ...
+
+    def process_message(self, tenant: str, message: Any, data: bytes | None = None) -> Reply: ...
+
+
 # --------------------------------------------------------------------------- entry point
 
 
 def apply_replicated_message(
-    dwn: Dwn, tenant: str, message: Any, data: bytes | None = None, *, cid: str | None = None
+    dwn: MessageProcessor, tenant: str, message: Any, data: bytes | None = None, *, cid: str | None = None
 ) -> ReplicationApplyResult:
     """Apply one replicated message (with its record data, if any) to ``tenant``'s DWN.
 
@@ -156,12 +171,14 @@ def apply_replicated_message(
         return Deferred("storage")
 
 
-def apply_replicated_message_json(dwn: Dwn, tenant: str, message: Any, data: bytes | None) -> dict[str, Any]:
+def apply_replicated_message_json(
+    dwn: MessageProcessor, tenant: str, message: Any, data: bytes | None
+) -> dict[str, Any]:
     """``apply_replicated_message`` with its result as JSON (the interop pipe's ``apply`` op)."""
     return apply_replicated_message(dwn, tenant, message, data).to_json()
 
 
-def _tenant_active(dwn: Dwn, tenant: str) -> bool:
+def _tenant_active(dwn: MessageProcessor, tenant: str) -> bool:
     if dwn.validate_tenant(tenant) is not None:
         return False
     return dwn.store.is_tenant_active(tenant)

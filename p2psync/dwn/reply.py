@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from p2psync.dwn.errors import DwnError
-
-if TYPE_CHECKING:
-    from p2psync.dwn.store import Store
+from p2psync.dwn.store import Store
 
 
 @dataclass

@@ -28,6 +28,7 @@ admitted, nothing new fetched: another pass would do exactly the same — deferr
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal, Protocol, TypeAlias
@@ -411,103 +412,179 @@ class ClosureAdmitter:
         )
 
     def _run(self) -> Generator[Request, Any, None]:
-        known: set[str] = {self.root.cid}
-        cache: dict[tuple[str, ...], tuple[ReplicationEntry, ...]] = {}
-        forbidden: set[tuple[str, ...]] = set()  # refs the source withheld (see Withheld)
+        """The loop of the module docstring, one pass an iteration, yielding until its outcome."""
+        fetched = _FetchedRefs(known={self.root.cid})
         pending: list[ReplicationEntry] = [self.root]
         while True:
             if self.passes >= self.max_passes:
                 yield self._outcome("deferred", f"pass budget of {self.max_passes} exhausted")
                 return
             self.passes += 1
-            progress = False
-            incomplete: list[tuple[ReplicationEntry, tuple[DependencyRef, ...]]] = []
-            for entry in pending:
-                result = yield ApplyRequest(entry)
-                if isinstance(result, _Failure):
-                    yield self._outcome("deferred", result.reason)
-                    return
-                kind = result.kind
-                if kind in ("Applied", "Duplicate", "Superseded"):
-                    if entry.cid not in self._admitted:
-                        self._admitted[entry.cid] = kind
-                        progress = True
-                    if kind == "Applied" and entry.cid not in self._applied:
-                        self._applied.append(entry.cid)
-                elif kind == "Deferred":
-                    yield self._outcome("deferred", f"{entry.cid}: {result.reason}")
-                    return
-                elif kind == "Invalid":
-                    yield self._outcome("failed", f"{entry.cid}: {result.reason}", "invalid")
-                    return
-                elif kind == "Incomplete":
-                    if any(ref.terminal for ref in result.missing):
-                        terminal = [ref for ref in result.missing if ref.terminal]
-                        yield self._outcome("failed", f"{entry.cid}: unreachable {describe_refs(terminal)}", "terminal")
-                        return
-                    incomplete.append((entry, result.missing))
-                else:  # a result the loop does not know: not ours to guess
-                    yield self._outcome("deferred", f"{entry.cid}: unknown result kind {kind!r}")
-                    return
+            applied = yield from self._apply_pass(pending)
+            if isinstance(applied, ClosureOutcome):
+                yield applied
+                return
+            incomplete, admitted_new = applied
             if not incomplete:
                 yield self._outcome("admitted")
                 return
-
-            wanted: dict[tuple[str, ...], DependencyRef] = {}
-            for _, missing in incomplete:
-                for ref in missing:
-                    key = fetch_key(ref)
-                    if key not in cache and key not in wanted:
-                        wanted[key] = ref
-            if wanted:
-                refs = tuple(wanted.values())
-                self._fetch_requests += 1
-                self._refs_fetched += len(refs)
-                answers = yield FetchRequest(refs)
-                if isinstance(answers, _Failure):
-                    yield self._outcome("deferred", answers.reason)
-                    return
-                if not isinstance(answers, Sequence) or len(answers) != len(refs):
-                    count = len(answers) if isinstance(answers, Sequence) else "no"
-                    yield self._outcome("deferred", f"fetcher answered {count} lists for {len(refs)} refs")
-                    return
-                for (key, ref), got in zip(wanted.items(), answers, strict=True):
-                    candidates = got if isinstance(got, Sequence) else ()
-                    accepted = tuple(e for e in candidates if isinstance(e, ReplicationEntry) and answers_ref(ref, e))
-                    accepted = accepted[: self.max_answers_per_ref]
-                    cache[key] = accepted
-                    if isinstance(got, Withheld) and not accepted:
-                        forbidden.add(key)
-                    self._entries_fetched += len(accepted)
-                    if accepted:
-                        # New answers (a new message, or data for one) may let a retry succeed;
-                        # refs are fetched once per closure, so this is finite.
-                        progress = True
-                    known.update(e.cid for e in accepted)
-                if len(known) > self.max_entries:
-                    yield self._outcome("deferred", f"closure exceeds {self.max_entries} messages")
-                    return
-
-            retry: list[ReplicationEntry] = []
-            for entry, missing in incomplete:
-                answers_for_entry: list[ReplicationEntry] = []
-                for ref in missing:
-                    answers_for_entry.extend(cache[fetch_key(ref)])
-                if not answers_for_entry:
-                    refused = [ref for ref in missing if fetch_key(ref) in forbidden]
-                    if refused:
-                        detail = f"ClosureDependencyForbidden: {entry.cid}: withheld {describe_refs(refused)}"
-                        yield self._outcome("failed", detail, "terminal")
-                        return
-                    yield self._outcome("deferred", f"{entry.cid}: unresolved {describe_refs(missing)}")
-                    return
-                retry.extend(e for e in answers_for_entry if e.cid not in self._admitted)
-                retry.append(_with_fetched_data(entry, missing, cache))
-            pending = _dedupe(retry)
-            if not progress:
+            fetched_new = yield from self._fetch_missing(incomplete, fetched)
+            if isinstance(fetched_new, ClosureOutcome):
+                yield fetched_new
+                return
+            requeued = self._requeue(incomplete, fetched)
+            if isinstance(requeued, ClosureOutcome):
+                yield requeued
+                return
+            pending = requeued
+            if not (admitted_new or fetched_new):
                 stuck, refs = incomplete[0]
                 yield self._outcome("deferred", f"{stuck.cid}: no progress: {describe_refs(refs)}")
                 return
+
+    def _apply_pass(
+        self, pending: Sequence[ReplicationEntry]
+    ) -> Generator[Request, Any, tuple[list[_Incomplete], bool] | ClosureOutcome]:
+        """Step 1-2: apply every pending entry, in order, and sort out what each result means.
+
+        Returns the entries that are missing dependencies and whether this pass admitted a
+        message not admitted before, or the outcome that ends the closure.
+        """
+        admitted_new = False
+        incomplete: list[_Incomplete] = []
+        for entry in pending:
+            result = yield ApplyRequest(entry)
+            if isinstance(result, _Failure):
+                return self._outcome("deferred", result.reason)
+            verdict = self._classify(entry, result)
+            if isinstance(verdict, ClosureOutcome):
+                return verdict
+            if verdict is _Admission.NEWLY:
+                admitted_new = True
+            elif verdict is not _Admission.BEFORE:
+                incomplete.append((entry, verdict))
+        return incomplete, admitted_new
+
+    def _classify(self, entry: ReplicationEntry, result: Any) -> ClosureOutcome | _Admission | _MissingRefs:
+        """What one apply result means for the closure.
+
+        An admission (``Applied`` / ``Duplicate`` / ``Superseded``) is recorded here; an
+        ``Incomplete`` gives its missing refs; anything that ends the closure gives its outcome.
+        ``result`` is whatever the driver answered: it is read by its ``kind``, and a kind the
+        loop does not know defers the closure.
+        """
+        kind = result.kind
+        if kind in ("Applied", "Duplicate", "Superseded"):
+            newly = entry.cid not in self._admitted
+            if newly:
+                self._admitted[entry.cid] = kind
+            if kind == "Applied" and entry.cid not in self._applied:
+                self._applied.append(entry.cid)
+            return _Admission.NEWLY if newly else _Admission.BEFORE
+        if kind == "Deferred":
+            return self._outcome("deferred", f"{entry.cid}: {result.reason}")
+        if kind == "Invalid":
+            return self._outcome("failed", f"{entry.cid}: {result.reason}", "invalid")
+        if kind == "Incomplete":
+            terminal = [ref for ref in result.missing if ref.terminal]
+            if terminal:
+                return self._outcome("failed", f"{entry.cid}: unreachable {describe_refs(terminal)}", "terminal")
+            missing: _MissingRefs = result.missing
+            return missing
+        # A result the loop does not know: not ours to guess.
+        return self._outcome("deferred", f"{entry.cid}: unknown result kind {kind!r}")
+
+    def _fetch_missing(
+        self, incomplete: Sequence[_Incomplete], fetched: _FetchedRefs
+    ) -> Generator[Request, Any, bool | ClosureOutcome]:
+        """Step 3: one fetch of every missing ref not fetched before in this closure.
+
+        Returns whether the answers held anything new (a retry may then succeed), or the
+        outcome that ends the closure.
+        """
+        wanted: dict[tuple[str, ...], DependencyRef] = {}
+        for _, missing in incomplete:
+            for ref in missing:
+                key = fetch_key(ref)
+                if key not in fetched.cache and key not in wanted:
+                    wanted[key] = ref
+        if not wanted:
+            return False
+        refs = tuple(wanted.values())
+        self._fetch_requests += 1
+        self._refs_fetched += len(refs)
+        answers = yield FetchRequest(refs)
+        if isinstance(answers, _Failure):
+            return self._outcome("deferred", answers.reason)
+        if not isinstance(answers, Sequence) or len(answers) != len(refs):
+            count = len(answers) if isinstance(answers, Sequence) else "no"
+            return self._outcome("deferred", f"fetcher answered {count} lists for {len(refs)} refs")
+        answered = False
+        for (key, ref), got in zip(wanted.items(), answers, strict=True):
+            if self._keep_answers(key, ref, got, fetched):
+                # New answers (a new message, or data for one) may let a retry succeed;
+                # refs are fetched once per closure, so this is finite.
+                answered = True
+        if len(fetched.known) > self.max_entries:
+            return self._outcome("deferred", f"closure exceeds {self.max_entries} messages")
+        return answered
+
+    def _keep_answers(self, key: tuple[str, ...], ref: DependencyRef, got: Any, fetched: _FetchedRefs) -> bool:
+        """Cache what really answers ``ref`` (at most :attr:`max_answers_per_ref`); True if any."""
+        candidates = got if isinstance(got, Sequence) else ()
+        accepted = tuple(e for e in candidates if isinstance(e, ReplicationEntry) and answers_ref(ref, e))
+        accepted = accepted[: self.max_answers_per_ref]
+        fetched.cache[key] = accepted
+        if isinstance(got, Withheld) and not accepted:
+            fetched.forbidden.add(key)
+        self._entries_fetched += len(accepted)
+        fetched.known.update(e.cid for e in accepted)
+        return bool(accepted)
+
+    def _requeue(
+        self, incomplete: Sequence[_Incomplete], fetched: _FetchedRefs
+    ) -> list[ReplicationEntry] | ClosureOutcome:
+        """Step 4: the next pass's entries, each incomplete one behind the answers it needs.
+
+        An entry none of whose refs got an answer ends the closure: failed when the source
+        withheld one of them, deferred otherwise.
+        """
+        retry: list[ReplicationEntry] = []
+        for entry, missing in incomplete:
+            answers_for_entry: list[ReplicationEntry] = []
+            for ref in missing:
+                answers_for_entry.extend(fetched.cache[fetch_key(ref)])
+            if not answers_for_entry:
+                refused = [ref for ref in missing if fetch_key(ref) in fetched.forbidden]
+                if refused:
+                    detail = f"ClosureDependencyForbidden: {entry.cid}: withheld {describe_refs(refused)}"
+                    return self._outcome("failed", detail, "terminal")
+                return self._outcome("deferred", f"{entry.cid}: unresolved {describe_refs(missing)}")
+            retry.extend(e for e in answers_for_entry if e.cid not in self._admitted)
+            retry.append(_with_fetched_data(entry, missing, fetched.cache))
+        return _dedupe(retry)
+
+
+#: The dependencies an ``Incomplete`` result names.
+_MissingRefs: TypeAlias = tuple[DependencyRef, ...]
+#: An entry the engine found incomplete, with the refs it is missing.
+_Incomplete: TypeAlias = tuple[ReplicationEntry, _MissingRefs]
+
+
+class _Admission(enum.Enum):
+    """An apply result that admits its entry: for the first time in this closure, or again."""
+
+    NEWLY = "admitted for the first time"
+    BEFORE = "admitted before"
+
+
+@dataclass
+class _FetchedRefs:
+    """What one closure has fetched so far: refs are fetched once per closure."""
+
+    known: set[str]  # CIDs of the root and of every accepted answer (bounded by max_entries)
+    cache: dict[tuple[str, ...], tuple[ReplicationEntry, ...]] = field(default_factory=dict)
+    forbidden: set[tuple[str, ...]] = field(default_factory=set)  # refs the source withheld (see Withheld)
 
 
 def _with_fetched_data(

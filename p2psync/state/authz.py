@@ -59,20 +59,21 @@ from typing import Any, Final
 from p2psync.dwn.did import Identity
 from p2psync.dwn.encoding import message_cid
 from p2psync.dwn.errors import DwnError
+from p2psync.dwn.generic_message import get_oldest_message
 from p2psync.dwn.grant_authorization import perform_base_validation
 from p2psync.dwn.handlers.records import STAGE_ERRORS
-from p2psync.dwn.message import get_oldest_message
+from p2psync.dwn.js_values import UNDEFINED, js_get, js_strict_equal
+from p2psync.dwn.permission_grant import PermissionGrant
 from p2psync.dwn.permissions import (
     GRANT_PATH,
     PERMISSIONS_PROTOCOL_URI,
     REVOCATION_PATH,
-    PermissionGrant,
     create_grant,
     fetch_grant,
     get_scope_from_permission_record,
     has_protocol_scope,
 )
-from p2psync.dwn.records_util import UNDEFINED, is_records_write, js_get, js_strict_equal
+from p2psync.dwn.records_util import is_records_write
 from p2psync.dwn.records_write import fetch_newest_records_write
 from p2psync.dwn.store import Store
 from p2psync.dwn.timeutil import (

@@ -18,7 +18,7 @@ from typing import Any
 
 from p2psync.dwn.encoding import b64url_decode
 from p2psync.dwn.engine import Dwn
-from p2psync.dwn.message import get_newest_message
+from p2psync.dwn.generic_message import get_newest_message
 from p2psync.dwn.records_util import construct_prefix_filter_as_range_filter
 from p2psync.dwn.records_write import is_initial_write
 from p2psync.dwn.replication_types import (

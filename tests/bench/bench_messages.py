@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT))
 from p2psync.dwn.did import Identity  # noqa: E402
 from p2psync.dwn.encoding import compute_cid  # noqa: E402
 from p2psync.dwn.engine import Dwn  # noqa: E402
-from p2psync.dwn.messages import create_messages_query  # noqa: E402
+from p2psync.dwn.messages_interface import create_messages_query  # noqa: E402
 from p2psync.dwn.store import Store  # noqa: E402
 from p2psync.dwn.timeutil import add_seconds  # noqa: E402
 

@@ -15,18 +15,19 @@ from typing import Any
 
 import pytest
 
-from p2psync.dwn import messages as msg
+from p2psync.dwn import messages_interface as msg
 from p2psync.dwn import permissions as perms
 from p2psync.dwn.did import Identity
 from p2psync.dwn.encoding import compute_cid, message_cid
 from p2psync.dwn.engine import Dwn
 from p2psync.dwn.errors import DwnError
 from p2psync.dwn.events import LocalEventStream, MessageEvent
-from p2psync.dwn.handlers.messages import (
+from p2psync.dwn.handlers.messages_handlers import (
     SubscriptionReply,
     handle_messages_subscribe,
     handle_records_subscribe,
 )
+from p2psync.dwn.permission_grant import PermissionGrant
 from p2psync.dwn.protocols import ProtocolsConfigure
 from p2psync.dwn.records import create_authorization, create_records_delete
 from p2psync.dwn.records_write import RecordsWrite
@@ -413,7 +414,7 @@ def test_read_authorization(dwn: Dwn, alice: Identity, bob: Identity, clock: Clo
     )
     revocation, revocation_data = perms.create_revocation(
         signer=alice,
-        grant=perms.PermissionGrant.parse(perms.with_encoded_data(grant, grant_data)),
+        grant=PermissionGrant.parse(perms.with_encoded_data(grant, grant_data)),
         date_revoked=clock(),
     )
     assert dwn.process_message(alice.did, revocation.message, revocation_data).code == 202

@@ -15,13 +15,14 @@ from typing import Any
 import pytest
 
 from p2psync.dwn import grant_authorization as ga
+from p2psync.dwn import js_values as jsv
 from p2psync.dwn import jws
 from p2psync.dwn import permissions as perms
 from p2psync.dwn import records_util as ru
 from p2psync.dwn.did import Identity
 from p2psync.dwn.encoding import b64url_decode, b64url_encode, json_compact, message_cid
 from p2psync.dwn.errors import DwnError
-from p2psync.dwn.permissions import PermissionGrant
+from p2psync.dwn.permission_grant import JSON_SYNTAX_ERROR, PermissionGrant, PermissionRequest, parse_json_data
 from p2psync.dwn.records_write import RecordsWrite
 from p2psync.dwn.store import Store
 
@@ -228,7 +229,7 @@ def test_create_request_and_revocation(alice: Identity, bob: Identity) -> None:
     assert request.message["descriptor"]["tags"] == {"protocol": PROTOCOL}
     assert "recipient" not in request.message["descriptor"]
     perms.validate_schema(request.message, request_data)
-    parsed = perms.PermissionRequest.parse(perms.with_encoded_data(request.message, request_data))
+    parsed = PermissionRequest.parse(perms.with_encoded_data(request.message, request_data))
     assert (
         parsed.requester == bob.did
         and parsed.delegated is True
@@ -264,26 +265,26 @@ def test_grant_parse_needs_encoded_data(alice: Identity, bob: Identity) -> None:
     )
     with pytest.raises(DwnError) as e:
         PermissionGrant.parse(write.message)
-    assert code_of(e) == ru.JS_TYPE_ERROR
+    assert code_of(e) == jsv.JS_TYPE_ERROR
     with pytest.raises(DwnError) as e:
         PermissionGrant.parse({**write.message, "encodedData": b64url_encode(b"null")})
-    assert code_of(e) == ru.JS_TYPE_ERROR
+    assert code_of(e) == jsv.JS_TYPE_ERROR
     with pytest.raises(DwnError) as e:
         PermissionGrant.parse({**write.message, "encodedData": b64url_encode(b"{nope")})
-    assert code_of(e) == perms.JSON_SYNTAX_ERROR
+    assert code_of(e) == JSON_SYNTAX_ERROR
     # Any other JSON value parses, with every data member absent (JS reads them as undefined).
     odd = PermissionGrant.parse({**write.message, "encodedData": b64url_encode(b"[1,2]")})
     assert odd.scope is None and odd.date_expires is None and odd.grantee == bob.did
 
 
 def test_parse_json_data_follows_javascript() -> None:
-    assert perms.parse_json_data(b'\xef\xbb\xbf{"a":1}') == {"a": 1}  # BOM dropped
-    assert perms.parse_json_data(b'"\xff"') == "\ufffd"  # invalid UTF-8 replaced
+    assert parse_json_data(b'\xef\xbb\xbf{"a":1}') == {"a": 1}  # BOM dropped
+    assert parse_json_data(b'"\xff"') == "\ufffd"  # invalid UTF-8 replaced
     for text in (b"NaN", b"[Infinity]", b"-Infinity", b"", b"{'a':1}", b"[1,]"):
         with pytest.raises(DwnError) as e:
-            perms.parse_json_data(text)
-        assert code_of(e) == perms.JSON_SYNTAX_ERROR, text
-        assert e.value.status == ru.THROWN_STATUS
+            parse_json_data(text)
+        assert code_of(e) == JSON_SYNTAX_ERROR, text
+        assert e.value.status == jsv.THROWN_STATUS
 
 
 # --------------------------------------------------------------------------- validate_schema
@@ -408,7 +409,7 @@ def test_validate_schema_refuses_grants(
     assert code_of(e) == code
     # the status a handler falls back to when it does not catch the error, as the reference
     thrown = code in ("UrlProtocolNotNormalized", "TimestampInvalid")
-    assert e.value.status == (ru.THROWN_STATUS if thrown else 400)
+    assert e.value.status == (jsv.THROWN_STATUS if thrown else 400)
 
 
 @pytest.mark.parametrize(
@@ -441,7 +442,7 @@ def test_validate_schema_other_paths(alice: Identity, bob: Identity) -> None:
     message, data = _grant_write(alice, bob, "not json", path="request")
     with pytest.raises(DwnError) as e:
         perms.validate_schema(message, b"not json")
-    assert code_of(e) == perms.JSON_SYNTAX_ERROR
+    assert code_of(e) == JSON_SYNTAX_ERROR
 
     message, data = _grant_write(
         alice, bob, {"scope": {"interface": "Messages", "method": "Read"}}, path="request"
@@ -1046,7 +1047,7 @@ def test_delegated_grant_with_odd_data_follows_javascript(
     )
     with pytest.raises(DwnError) as e:
         ga.authorize_records_write(records_write(bob, ts(30)), alice.did, bob.did, grant, store)
-    assert code_of(e) == ru.JS_TYPE_ERROR
+    assert code_of(e) == jsv.JS_TYPE_ERROR
     assert b64url_decode(grant_message["encodedData"])  # the original is untouched
 
 
@@ -1126,7 +1127,7 @@ def test_normalize_filter() -> None:
     assert ru.normalize_filter({"recordId": "r"}) == {"recordId": "r"}
     with pytest.raises(DwnError) as e:
         ru.normalize_filter({"tags": {"a": None}})
-    assert code_of(e) == ru.JS_TYPE_ERROR
+    assert code_of(e) == jsv.JS_TYPE_ERROR
 
 
 def test_published_filter_helpers() -> None:
@@ -1160,20 +1161,20 @@ def test_can_perform_delete_against_record() -> None:
 
 
 def test_js_value_rules() -> None:
-    assert ru.js_strict_equal("a", "a") and not ru.js_strict_equal("a", "b")
-    assert not ru.js_strict_equal(True, 1) and ru.js_strict_equal(1, 1.0)
-    assert not ru.js_strict_equal({}, {}) and not ru.js_strict_equal([1], [1])
-    assert not ru.js_strict_equal(None, ru.UNDEFINED) and ru.js_strict_equal(
-        ru.UNDEFINED, ru.UNDEFINED
+    assert jsv.js_strict_equal("a", "a") and not jsv.js_strict_equal("a", "b")
+    assert not jsv.js_strict_equal(True, 1) and jsv.js_strict_equal(1, 1.0)
+    assert not jsv.js_strict_equal({}, {}) and not jsv.js_strict_equal([1], [1])
+    assert not jsv.js_strict_equal(None, jsv.UNDEFINED) and jsv.js_strict_equal(
+        jsv.UNDEFINED, jsv.UNDEFINED
     )
-    assert ru.js_truthy({}) and ru.js_truthy([]) and not ru.js_truthy("") and not ru.js_truthy(0)
-    assert ru.js_to_string([1, None, "a", [2, 3], True]) == "1,,a,2,3,true"
-    assert ru.js_to_string({"a": 1}) == "[object Object]"
+    assert jsv.js_truthy({}) and jsv.js_truthy([]) and not jsv.js_truthy("") and not jsv.js_truthy(0)
+    assert jsv.js_to_string([1, None, "a", [2, 3], True]) == "1,,a,2,3,true"
+    assert jsv.js_to_string({"a": 1}) == "[object Object]"
     assert (
-        ru.js_to_string(1e21) == "1e+21"
-        and ru.js_to_string(2.5) == "2.5"
-        and ru.js_to_string(3.0) == "3"
+        jsv.js_to_string(1e21) == "1e+21"
+        and jsv.js_to_string(2.5) == "2.5"
+        and jsv.js_to_string(3.0) == "3"
     )
-    assert ru.js_get("text", "protocol") is ru.UNDEFINED
+    assert jsv.js_get("text", "protocol") is jsv.UNDEFINED
     with pytest.raises(DwnError):
-        ru.js_get(None, "protocol")
+        jsv.js_get(None, "protocol")

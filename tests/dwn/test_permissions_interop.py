@@ -29,6 +29,7 @@ from p2psync.dwn import records as rec
 from p2psync.dwn.did import Identity
 from p2psync.dwn.encoding import b64url_encode, json_compact, message_cid
 from p2psync.dwn.engine import Dwn
+from p2psync.dwn.permission_grant import PermissionGrant
 from p2psync.dwn.records_write import RecordsWrite
 from p2psync.dwn.store import Store
 from tests.dwn.oracle_utils import INTEROP_DIR, needs_reference
@@ -211,7 +212,7 @@ def build_scenario() -> list[Step]:
         401,
         "GrantAuthorizationGrantMissing",
     )
-    parsed = perms.PermissionGrant.parse(
+    parsed = PermissionGrant.parse(
         perms.with_encoded_data(*_grant_message(steps, write_grant))
     )
     revocation, revocation_data = perms.create_revocation(
@@ -732,7 +733,7 @@ def build_messages_scenario() -> list[Step]:
     about_other, _ = grant({"interface": "Records", "method": "Read", "protocol": OTHER_PROTOCOL})
     revocation, revocation_data = perms.create_revocation(
         signer=alice,
-        grant=perms.PermissionGrant.parse(perms.with_encoded_data(read_grant, read_grant_data)),
+        grant=PermissionGrant.parse(perms.with_encoded_data(read_grant, read_grant_data)),
         date_revoked=ts(0, 20),
     )
     step("revocation (after the reads' timestamp)", revocation.message, revocation_data, 202)

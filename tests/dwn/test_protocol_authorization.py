@@ -17,14 +17,14 @@ import pytest
 from p2psync.dwn import permissions
 from p2psync.dwn.did import Identity
 from p2psync.dwn.engine import Dwn
-from p2psync.dwn.message import GenericMessage
+from p2psync.dwn.generic_message import GenericMessage
+from p2psync.dwn.js_values import UNDEFINED
 from p2psync.dwn.protocol_authorization import (
     fetch_protocol_definition,
     get_rule_set_at_protocol_path,
 )
 from p2psync.dwn.protocols import ProtocolsConfigure
 from p2psync.dwn.records import create_records_delete, create_records_query, create_records_read
-from p2psync.dwn.records_util import UNDEFINED
 from p2psync.dwn.records_write import RecordsWrite
 from p2psync.dwn.reply import Reply
 from p2psync.dwn.timeutil import add_seconds, now_timestamp

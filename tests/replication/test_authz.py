@@ -19,7 +19,8 @@ from p2psync.dwn import permissions as perms
 from p2psync.dwn.did import Identity
 from p2psync.dwn.engine import Dwn
 from p2psync.dwn.errors import DwnError
-from p2psync.dwn.messages import create_messages_read
+from p2psync.dwn.messages_interface import create_messages_read
+from p2psync.dwn.permission_grant import PermissionGrant
 from p2psync.dwn.protocols import ProtocolsConfigure
 from p2psync.dwn.records import create_records_delete
 from p2psync.dwn.records_write import RecordsWrite
@@ -94,7 +95,7 @@ class Env:
 
     def revoke(self, grant_id: str, when: str | None = None) -> None:
         stored, _ = self.store.messages.query(self.alice.did, [{"recordId": grant_id, "isLatestBaseState": True}])
-        grant = perms.PermissionGrant.parse(stored[0])
+        grant = PermissionGrant.parse(stored[0])
         write, data = perms.create_revocation(signer=self.alice, grant=grant, date_revoked=when or self.tick())
         self.process(self.alice, write.message, data)
 
@@ -311,7 +312,7 @@ def test_a_revocation_written_by_another_connection_is_noticed(env: Env) -> None
     try:
         stored, _ = other.messages.query(env.alice.did, [{"recordId": ids["Read"], "isLatestBaseState": True}])
         write, data = perms.create_revocation(
-            signer=env.alice, grant=perms.PermissionGrant.parse(stored[0]), date_revoked=env.tick()
+            signer=env.alice, grant=PermissionGrant.parse(stored[0]), date_revoked=env.tick()
         )
         assert Dwn(other).process_message(env.alice.did, write.message, data).code == 202
     finally:

@@ -12,9 +12,11 @@ from __future__ import annotations
 from typing import Any, Final
 
 from p2psync.dwn import grant_authorization, permissions
+from p2psync.dwn.authentication import authenticate
 from p2psync.dwn.encoding import message_cid
 from p2psync.dwn.errors import DwnError
-from p2psync.dwn.message import Message, authenticate, get_newest_message, is_newer
+from p2psync.dwn.generic_message import Message, get_newest_message, is_newer
+from p2psync.dwn.permission_grant import PermissionGrant
 from p2psync.dwn.protocols import CONFIGURE, PROTOCOLS, ProtocolsConfigure, ProtocolsQuery
 from p2psync.dwn.reply import HandlerContext, Reply, reply_from_error
 from p2psync.dwn.store import Store
@@ -79,7 +81,7 @@ def _authorize_configure(tenant: str, configure: ProtocolsConfigure, store: Stor
     """The tenant, or a grantee of the tenant's grant; an author-delegate's grant first."""
     authorization = configure.message["authorization"]
     if configure.is_signed_by_author_delegate:
-        delegated = permissions.PermissionGrant.parse(authorization["authorDelegatedGrant"])
+        delegated = PermissionGrant.parse(authorization["authorDelegatedGrant"])
         assert configure.author is not None and configure.signer is not None
         grant_authorization.authorize_protocols_configure(
             configure.message, configure.author, configure.signer, delegated, store

@@ -10,18 +10,19 @@ from __future__ import annotations
 from typing import Any
 
 from p2psync.dwn import grant_authorization, permissions, protocol_authorization, records_util
+from p2psync.dwn.authentication import authenticate
 from p2psync.dwn.datacid import data_cid as compute_data_cid
 from p2psync.dwn.encoding import b64url_decode, b64url_encode, json_compact, message_cid
 from p2psync.dwn.errors import DwnError
-from p2psync.dwn.message import (
+from p2psync.dwn.generic_message import (
     GenericMessage,
     Message,
-    authenticate,
     get_newest_message,
     is_newer,
     is_older,
     validate_signature_structure,
 )
+from p2psync.dwn.permission_grant import PermissionGrant
 from p2psync.dwn.records_write import (
     RecordsWrite,
     fetch_initial_records_write,
@@ -295,12 +296,12 @@ def _authorize_records_write(tenant: str, write: RecordsWrite, store: Store) -> 
             f"Owner {write.owner} must be the same as tenant {tenant} when specified.",
         )
     if write.is_signed_by_author_delegate:
-        grant = permissions.PermissionGrant.parse(write.message["authorization"]["authorDelegatedGrant"])
+        grant = PermissionGrant.parse(write.message["authorization"]["authorDelegatedGrant"])
         grant_authorization.authorize_records_write(
             write.message, _did(write.author), _did(write.signer), grant, store
         )
     if write.is_signed_by_owner_delegate:
-        grant = permissions.PermissionGrant.parse(write.message["authorization"]["ownerDelegatedGrant"])
+        grant = PermissionGrant.parse(write.message["authorization"]["ownerDelegatedGrant"])
         grant_authorization.authorize_records_write(
             write.message, _did(write.owner), _did(write.owner_signature_signer), grant, store
         )
@@ -351,7 +352,7 @@ def handle_records_delete(ctx: HandlerContext, tenant: str, message: Message) ->
 
 def _authorize_records_delete(tenant: str, delete: GenericMessage, initial: RecordsWrite, store: Store) -> None:
     if delete.is_signed_by_author_delegate:
-        grant = permissions.PermissionGrant.parse(delete.message["authorization"]["authorDelegatedGrant"])
+        grant = PermissionGrant.parse(delete.message["authorization"]["authorDelegatedGrant"])
         grant_authorization.authorize_records_delete(
             delete.message, initial.message, _did(delete.author), _did(delete.signer), grant, store
         )
@@ -456,7 +457,7 @@ def handle_records_read(ctx: HandlerContext, tenant: str, message: Message) -> R
 
 def _authorize_records_read(tenant: str, read: GenericMessage, matched: RecordsWrite, store: Store) -> None:
     if read.is_signed_by_author_delegate:
-        grant = permissions.PermissionGrant.parse(read.message["authorization"]["authorDelegatedGrant"])
+        grant = PermissionGrant.parse(read.message["authorization"]["authorDelegatedGrant"])
         grant_authorization.authorize_records_read(
             read.message, matched.message, _did(read.author), _did(read.signer), grant, store
         )
@@ -561,7 +562,7 @@ def handle_records_query(ctx: HandlerContext, tenant: str, message: Message) -> 
 
 def _authorize_records_query(tenant: str, query: GenericMessage, store: Store) -> None:
     if query.is_signed_by_author_delegate:
-        grant = permissions.PermissionGrant.parse(query.message["authorization"]["authorDelegatedGrant"])
+        grant = PermissionGrant.parse(query.message["authorization"]["authorDelegatedGrant"])
         grant_authorization.authorize_records_query_or_subscribe(
             query.message, _did(query.author), _did(query.signer), grant, store
         )

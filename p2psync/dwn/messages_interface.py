@@ -13,10 +13,10 @@ from __future__ import annotations
 import base64
 from typing import Any, Final
 
-from p2psync.dwn import records_util, schemas
+from p2psync.dwn import js_values, records_util, schemas
 from p2psync.dwn.did import Identity
 from p2psync.dwn.errors import DwnError
-from p2psync.dwn.message import GenericMessage, validate_signature_structure
+from p2psync.dwn.generic_message import GenericMessage, validate_signature_structure
 from p2psync.dwn.permissions import PERMISSIONS_PROTOCOL_URI
 from p2psync.dwn.records import create_authorization
 from p2psync.dwn.timeutil import now_timestamp, validate_timestamp
@@ -175,8 +175,8 @@ def _reject_null(value: Any) -> None:
     # removeUndefinedProperties recurses into every object and calls Object.keys on it,
     # which throws for null.
     if value is None:
-        raise records_util.js_error(
-            records_util.JS_TYPE_ERROR, "Cannot convert undefined or null to object"
+        raise js_values.js_error(
+            js_values.JS_TYPE_ERROR, "Cannot convert undefined or null to object"
         )
     if isinstance(value, dict):
         for item in value.values():
@@ -221,7 +221,7 @@ def convert_filters(filters: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     permission_filter["messageTimestamp"] = range_filter
             converted.append(permission_filter)
         copy = dict(flt)
-        if records_util.js_truthy(time_range):
+        if js_values.js_truthy(time_range):
             range_filter = records_util.convert_range_criterion(time_range)
             if range_filter is not None:
                 copy["messageTimestamp"] = range_filter

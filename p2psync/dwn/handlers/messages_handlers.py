@@ -24,18 +24,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from p2psync.dwn import grant_authorization, permissions, protocol_authorization, records_util
+from p2psync.dwn.authentication import authenticate
 from p2psync.dwn.encoding import b64url_decode, message_cid
 from p2psync.dwn.errors import DwnError
 from p2psync.dwn.events import EventStream, EventSubscription, MessageEvent
+from p2psync.dwn.generic_message import GenericMessage, Message
 from p2psync.dwn.handlers.records import STAGE_ERRORS
-from p2psync.dwn.message import GenericMessage, Message, authenticate
-from p2psync.dwn.messages import (
+from p2psync.dwn.messages_interface import (
     MessagesQuery,
     MessagesRead,
     MessagesSubscribe,
     RecordsSubscribe,
     convert_filters,
 )
+from p2psync.dwn.permission_grant import PermissionGrant
 from p2psync.dwn.reply import HandlerContext, Reply, reply_from_error
 from p2psync.dwn.store import Store, match_any_filter
 
@@ -77,7 +79,7 @@ def _authorize_by_tenant_or_grant(
     store: Store,
     failure_code: str,
     failure_detail: str,
-    check_grant: Callable[[permissions.PermissionGrant, str], None],
+    check_grant: Callable[[PermissionGrant, str], None],
 ) -> None:
     """The tenant may; a grantee may through ``permissionGrantId``; nobody else.
 
@@ -304,7 +306,7 @@ def _non_owner_filters(
 def _authorize_records_subscribe(tenant: str, subscribe: RecordsSubscribe, store: Store) -> None:
     if subscribe.is_signed_by_author_delegate:
         delegated = subscribe.message["authorization"]["authorDelegatedGrant"]
-        grant = permissions.PermissionGrant.parse(delegated)
+        grant = PermissionGrant.parse(delegated)
         assert subscribe.author is not None and subscribe.signer is not None
         grant_authorization.authorize_records_query_or_subscribe(
             subscribe.message, subscribe.author, subscribe.signer, grant, store

@@ -15,7 +15,6 @@ from p2psync.dwn.errors import DwnError
 
 __all__ = [
     "GenericMessage",
-    "authenticate",
     "compare_message_timestamp",
     "get_author",
     "get_newest_message",
@@ -92,7 +91,8 @@ def validate_signature_structure(
 ) -> dict[str, Any]:
     """One signature, a payload that passes its schema, and a matching ``descriptorCid``.
 
-    The signature itself is *not* verified here (that is :func:`authenticate`).
+    The signature itself is *not* verified here (that is
+    :func:`p2psync.dwn.authentication.authenticate`).
     """
     return check_signature_structure(signature, lambda: compute_cid(descriptor), payload_schema)
 
@@ -121,23 +121,6 @@ def check_signature_structure(
             f"provided descriptorCid {payload.get('descriptorCid')} does not match expected CID {expected}",
         )
     return payload
-
-
-def authenticate(authorization: dict[str, Any] | None) -> None:
-    """Verify every signature the authorization carries (401 on the first failure)."""
-    if authorization is None:
-        raise DwnError("AuthenticateJwsMissing", "Missing JWS.", 401)
-    jws.verify(authorization["signature"])
-    if "ownerSignature" in authorization:
-        jws.verify(authorization["ownerSignature"])
-    for key in ("authorDelegatedGrant", "ownerDelegatedGrant"):
-        grant = authorization.get(key)
-        if grant is not None:
-            # The delegated grant is itself a RecordsWrite; parse it for structure first.
-            from p2psync.dwn.records_write import RecordsWrite
-
-            RecordsWrite.parse(grant)
-            jws.verify(grant["authorization"]["signature"])
 
 
 class GenericMessage:

@@ -1,0 +1,31 @@
+"""Authentication: every signature a message's authorization carries must verify.
+
+The reference's ``authenticate`` (``src/core/auth.ts`` in dwn-sdk-js 0.5.2). It lives above
+:mod:`p2psync.dwn.records_write` because a delegated grant is itself a RecordsWrite whose
+structure is checked before its signature.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from p2psync.dwn import jws
+from p2psync.dwn.errors import DwnError
+from p2psync.dwn.records_write import RecordsWrite
+
+__all__ = ["authenticate"]
+
+
+def authenticate(authorization: dict[str, Any] | None) -> None:
+    """Verify every signature the authorization carries (401 on the first failure)."""
+    if authorization is None:
+        raise DwnError("AuthenticateJwsMissing", "Missing JWS.", 401)
+    jws.verify(authorization["signature"])
+    if "ownerSignature" in authorization:
+        jws.verify(authorization["ownerSignature"])
+    for key in ("authorDelegatedGrant", "ownerDelegatedGrant"):
+        grant = authorization.get(key)
+        if grant is not None:
+            # The delegated grant is itself a RecordsWrite; parse it for structure first.
+            RecordsWrite.parse(grant)
+            jws.verify(grant["authorization"]["signature"])
