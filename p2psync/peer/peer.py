@@ -326,48 +326,63 @@ class _Round:
         return self.peer.ledger
 
     async def run(self) -> SyncSummary:
-        peer = self.peer
-        async with self.connect(peer.handlers(active=True)) as conn:
-            session = self.session = peer.session_for(conn, active=True)
-            await session.hello()
-            assert session.theirs is not None
-            self.remote = f"{session.theirs.did}?storeId={session.theirs.store_id}"
-            cp_id = checkpoint_id(peer.store_id, session.theirs.store_id, self.scope.scope_id, self.tenant)
-            self.index, copy = await session.run(
-                session.proto.open_collection(self.tenant, self.scope, cp_id, self.grants)
-            )
-            link = self.ledger.open_link(self.tenant, self.remote, self.scope)
-            self.key = link.key
-            self.copy_rev = copy.get("rev") if isinstance(copy.get("rev"), str) else None
-            pull_since = self._start(Direction.PULL, copy.get("pull", {}))
-            push_since = self._start(Direction.PUSH, copy.get("push", {}))
+        """One connection: open the collection, run the directions, save, close."""
+        async with self.connect(self.peer.handlers(active=True)) as conn:
+            session = self.session = self.peer.session_for(conn, active=True)
+            pull_since, push_since = await self._open(session)
             try:
-                async with trio.open_nursery() as nursery:
-                    done = trio.Event()
-                    nursery.start_soon(self._saver, done)
-                    if not self.continuous:
-                        nursery.start_soon(self._watchdog, done)
-                    async with trio.open_nursery() as directions:
-                        if self.stop is not None:
-                            nursery.start_soon(self._stop_watch, directions.cancel_scope, done)
-                        if self.pull:
-                            directions.start_soon(self._pull, pull_since)
-                        if self.push:
-                            directions.start_soon(self._push, push_since)
-                    if self.stopped and self._push_op is not None and not self._push_op.done:
-                        # Let the stopped push settle what it has in flight, so that the
-                        # final save below holds it.
-                        with trio.move_on_after(STOP_GRACE):
-                            await session.run(self._push_op)
-                    done.set()
+                await self._run_directions(session, pull_since, push_since)
             except BaseExceptionGroup as group:
                 raise _first_cause(group) from None
             await self._save()
-            state = self.ledger.link(self.key).state
-            if state in (LinkState.INITIAL, LinkState.REPAIRING, LinkState.DEGRADED_POLL) and not self.stopped:
-                self.ledger.transition(self.key, LinkState.LIVE, reason="caught_up")
-            self.ledger.record_success(self.key)
+            self._caught_up()
             await conn.aclose()
+        return self._summary()
+
+    async def _open(self, session: PeerSession) -> tuple[ProgressToken | None, ProgressToken | None]:
+        """hello, ``getCollections``, the ledger link, and each direction's start (§4.4)."""
+        await session.hello()
+        assert session.theirs is not None
+        self.remote = f"{session.theirs.did}?storeId={session.theirs.store_id}"
+        cp_id = checkpoint_id(self.peer.store_id, session.theirs.store_id, self.scope.scope_id, self.tenant)
+        self.index, copy = await session.run(session.proto.open_collection(self.tenant, self.scope, cp_id, self.grants))
+        self.key = self.ledger.open_link(self.tenant, self.remote, self.scope).key
+        self.copy_rev = copy.get("rev") if isinstance(copy.get("rev"), str) else None
+        return self._start(Direction.PULL, copy.get("pull", {})), self._start(Direction.PUSH, copy.get("push", {}))
+
+    async def _run_directions(
+        self, session: PeerSession, pull_since: ProgressToken | None, push_since: ProgressToken | None
+    ) -> None:
+        """Pull and push side by side, with the periodic save, the stall watchdog (one-shot)
+        and the stop watch beside them."""
+        async with trio.open_nursery() as nursery:
+            done = trio.Event()
+            nursery.start_soon(self._saver, done)
+            if not self.continuous:
+                nursery.start_soon(self._watchdog, done)
+            async with trio.open_nursery() as directions:
+                if self.stop is not None:
+                    nursery.start_soon(self._stop_watch, directions.cancel_scope, done)
+                if self.pull:
+                    directions.start_soon(self._pull, pull_since)
+                if self.push:
+                    directions.start_soon(self._push, push_since)
+            if self.stopped and self._push_op is not None and not self._push_op.done:
+                # Let the stopped push settle what it has in flight, so that the final save
+                # holds it.
+                with trio.move_on_after(STOP_GRACE):
+                    await session.run(self._push_op)
+            done.set()
+
+    def _caught_up(self) -> None:
+        assert self.key is not None
+        state = self.ledger.link(self.key).state
+        if state in (LinkState.INITIAL, LinkState.REPAIRING, LinkState.DEGRADED_POLL) and not self.stopped:
+            self.ledger.transition(self.key, LinkState.LIVE, reason="caught_up")
+        self.ledger.record_success(self.key)
+
+    def _summary(self) -> SyncSummary:
+        assert self.key is not None and self.remote is not None
         pull_cp, _ = self.ledger.get_checkpoint(self.key, Direction.PULL)
         push_cp, _ = self.ledger.get_checkpoint(self.key, Direction.PUSH)
         return SyncSummary(

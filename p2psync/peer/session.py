@@ -221,12 +221,12 @@ class PeerSession:
     async def _store_durable(self, call: StoreCall) -> None:
         request, committer = call.request, self.service.committer
         try:
+            value: Any = None
             if isinstance(request, Durable):
-                value = await committer.durable(request.ticket)
+                await committer.durable(request.ticket)
             elif isinstance(request, WaitForLog):
                 with trio.move_on_after(POLL_INTERVAL):
                     await committer.wait_commit()
-                value = None
             else:
                 value = await committer.write(self.service.writer(request))
         except StoreUnavailable as exc:

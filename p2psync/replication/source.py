@@ -139,6 +139,7 @@ class Source:
         self._budget = _Budget(max_unanswered_revs, MAX_UNANSWERED_REV_BYTES, host.signal())
         self._on_progress = on_progress
         self.position: int | None = None
+        self._examined: ProgressToken | None = None  # the last log entry looked at
         self._through_sent = -1
         #: push only: settle without proposing entries that came from this store (§11 echo
         #: suppression), except at or below ``replay_until`` (a range replayed after a rewind
@@ -166,51 +167,69 @@ class Source:
         Raises :class:`PeerError` for a refusal of the other side (``ConnectionLost`` when the
         connection ended); the caller decides what ends the direction.
         """
-        profile = "proposeChanges" if self.pushing else "changes"
-        examined: ProgressToken | None = since
+        self._examined = since
         after = since.position if since is not None else -1
         told_caught_up = False
         while not self.stopping:
-            if not self.decision.everything and not (yield StillValid(self.tenant, self.decision)):
-                raise PeerError(403, "SyncNotAuthorized", "the grant this feed relied on is no longer valid")
-            if self.failure is not None:
-                raise self.failure
+            yield from self._check_still_allowed()
             rows = yield ReadPage(self.tenant, after, self.batch, self.scope, self.decision,
                                   self.suppress_origin if self.pushing else None, self.replay_until)
             if rows:
-                examined, after = rows[-1].token, rows[-1].token.position
+                self._examined, after = rows[-1].token, rows[-1].token.position
             self.position = after if after >= 0 else None
-            wanted = self._take_page(rows)
-            if wanted:
-                first = wanted[0][0]
-                items = [_item(token, entry, size) for token, entry, size, _ in wanted]
-                body = {"streamId": first.stream_id, "epoch": first.epoch, "items": items}
-                reply: Response = yield Call(profile, self.props, encode_body(body))
-                self.stats.items_offered += len(items)
-                yield from self._send_revs(self._on_listed(wanted, decode_body(reply.body)))
-                continue
             if rows:
-                yield from self._record_push()  # a page with nothing in scope: its tokens are settled
+                yield from self._list_page(rows)
                 continue
             # Nothing more in the log right now.
-            if not told_caught_up:
-                if not self.pushing:
-                    caught_up: dict[str, Any] = {"items": []}
-                    if examined is not None:
-                        caught_up["through"] = examined.to_wire()
-                    yield Call(profile, self.props, encode_body(caught_up))
-                told_caught_up = True
-                self.caught_up = True
-                self._progress()
-            elif not self.pushing and examined is not None and examined.position > self._through_sent:
-                yield Call(profile, self.props, encode_body({"items": [], "through": examined.to_wire()}))
-            if not self.pushing and examined is not None:
-                self._through_sent = examined.position
+            yield from self._tell_caught_up(first=not told_caught_up)
+            told_caught_up = True
             if not self.continuous:
                 break
             yield WaitForLog()
         yield from self._budget.drained()
         yield from self._record_push()
+
+    @property
+    def _profile(self) -> str:
+        return "proposeChanges" if self.pushing else "changes"
+
+    def _check_still_allowed(self) -> Effects:
+        """§5: a feed that relies on a grant re-checks it every pass; a `rev` ledger failure ends it."""
+        if not self.decision.everything and not (yield StillValid(self.tenant, self.decision)):
+            raise PeerError(403, "SyncNotAuthorized", "the grant this feed relied on is no longer valid")
+        if self.failure is not None:
+            raise self.failure
+
+    def _list_page(self, rows: list[Any]) -> Effects:
+        """List one page's wanted rows and send the `rev`s the sink asks for; a page with
+        nothing to list (echoes, out of scope) only settles its tokens."""
+        wanted = self._take_page(rows)
+        if not wanted:
+            yield from self._record_push()
+            return
+        first = wanted[0][0]
+        items = [_item(token, entry, size) for token, entry, size, _ in wanted]
+        body = {"streamId": first.stream_id, "epoch": first.epoch, "items": items}
+        reply: Response = yield Call(self._profile, self.props, encode_body(body))
+        self.stats.items_offered += len(items)
+        yield from self._send_revs(self._on_listed(wanted, decode_body(reply.body)))
+
+    def _tell_caught_up(self, *, first: bool) -> Effects:
+        """A pull feed says it is caught up once (an empty listing with ``through``), then
+        moves ``through`` on when later passes examined more; a push just notes it."""
+        examined = self._examined
+        if first:
+            if not self.pushing:
+                caught_up: dict[str, Any] = {"items": []}
+                if examined is not None:
+                    caught_up["through"] = examined.to_wire()
+                yield Call(self._profile, self.props, encode_body(caught_up))
+            self.caught_up = True
+            self._progress()
+        elif not self.pushing and examined is not None and examined.position > self._through_sent:
+            yield Call(self._profile, self.props, encode_body({"items": [], "through": examined.to_wire()}))
+        if not self.pushing and examined is not None:
+            self._through_sent = examined.position
 
     def _take_page(self, rows: list[Any]) -> list[_Listed]:
         """The page's rows to list; echoes and out-of-scope rows are settled on a push."""
