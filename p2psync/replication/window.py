@@ -17,12 +17,14 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Literal, TypeAlias
 
 from p2psync.dwn.progress import ProgressToken
-from p2psync.state.ledger import Step
 
-__all__ = ["ProgressWindow", "WindowItem"]
+__all__ = ["ProgressWindow", "Step", "WindowItem"]
+
+#: One ledger step: a token received, or received and applied (the ledger takes them in order).
+Step: TypeAlias = tuple[Literal["received", "applied"], ProgressToken]
 
 _OPEN: Final = 0
 _SETTLED: Final = 1

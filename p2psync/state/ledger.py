@@ -59,6 +59,7 @@ from p2psync.dwn.timeutil import datetime_from_timestamp, timestamp_from_datetim
 from p2psync.replication.checkpoint import CheckpointInvalid, CheckpointPendingOverflow, DirectionCheckpoint
 from p2psync.replication.scope import SyncScope
 from p2psync.replication.tokens import ProgressToken
+from p2psync.replication.window import Step
 
 __all__ = [
     "ALLOWED_TRANSITIONS",
@@ -257,7 +258,6 @@ class CheckpointCommitted:
 LedgerEvent: TypeAlias = LinkTransition | CheckpointCommitted
 Listener: TypeAlias = Callable[[LedgerEvent], None]
 #: One step of the mark-applied algorithm: ``("received" | "applied", token)``.
-Step: TypeAlias = tuple[Literal["received", "applied"], ProgressToken]
 
 
 @dataclass(frozen=True, slots=True)
