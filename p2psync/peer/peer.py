@@ -43,7 +43,7 @@ from p2psync.replication.checkpoint import DirectionCheckpoint
 from p2psync.replication.effects import Operation
 from p2psync.replication.hello import new_hello
 from p2psync.replication.observer import NO_OBSERVER, SyncObserver
-from p2psync.replication.protocol import ALL_PROFILES
+from p2psync.replication.protocol import ALL_PROFILES, ReplicationProtocol
 from p2psync.replication.scope import SyncScope
 from p2psync.replication.sink import Sink
 from p2psync.replication.source import Source
@@ -127,10 +127,11 @@ class Peer:
             extra["max_unanswered_revs"] = self.max_unanswered_revs
         if self.max_data is not None:
             extra["max_data"] = self.max_data
-        return PeerSession(
-            service=self.service, identity=self.identity, mine=new_hello(self.identity.did, self.store_id, AGENT),
-            active=active, accept_push=self.accept_push, observer=self.metrics, **extra,
+        proto = ReplicationProtocol(
+            identity=self.identity, mine=new_hello(self.identity.did, self.store_id, AGENT), active=active,
+            accept_push=self.accept_push, observer=self.metrics, **extra,
         )
+        return PeerSession(proto, self.service)
 
     def session_for(self, conn: blip.Connection, active: bool) -> PeerSession:
         """The session of ``conn`` (made on first use)."""

@@ -20,7 +20,6 @@ from typing import Any, Final
 import trio
 
 from p2psync import blip
-from p2psync.dwn.did import Identity
 from p2psync.replication.effects import (
     CloseConnection,
     Collection,
@@ -35,15 +34,12 @@ from p2psync.replication.effects import (
     WaitForLog,
 )
 from p2psync.replication.hello import Hello
-from p2psync.replication.observer import NO_OBSERVER, SyncObserver
 from p2psync.replication.protocol import ALL_PROFILES, HelloFailed, ReplicationProtocol
 from p2psync.replication.sink import Sink
 from p2psync.replication.source import Source
 from p2psync.replication.wire import (
-    DEFAULT_MAX_DATA,
     ERROR_DOMAIN,
     HELLO_TIMEOUT,
-    MAX_UNANSWERED_REVS,
     PeerError,
 )
 from p2psync.state.committer import StoreUnavailable
@@ -81,28 +77,12 @@ def from_blip(exc: blip.BlipError) -> PeerError:
 
 
 class PeerSession:
-    """One connection's driver, for either role (``active``: we opened it)."""
+    """One connection's driver: ``proto`` (either role) over BLIP, its store requests on ``service``."""
 
-    def __init__(
-        self,
-        *,
-        service: StoreService,
-        identity: Identity,
-        mine: Hello,
-        active: bool,
-        accept_push: bool = True,
-        max_unanswered_revs: int = MAX_UNANSWERED_REVS,
-        max_data: int = DEFAULT_MAX_DATA,
-        observer: SyncObserver = NO_OBSERVER,
-    ) -> None:
+    def __init__(self, proto: ReplicationProtocol, service: StoreService) -> None:
+        self.proto = proto
         self.service = service
-        self.active = active
-        self.max_data = max_data
-        self.observer = observer
-        self.proto = ReplicationProtocol(
-            identity=identity, mine=mine, active=active, accept_push=accept_push,
-            max_unanswered_revs=max_unanswered_revs, max_data=max_data, observer=observer,
-        )
+        self.observer = proto.observer
         self.conn: blip.Connection | None = None
         self._replies: dict[int, list[Any]] = {}  # rid -> [event, output]
         self._rids = 0
@@ -125,6 +105,10 @@ class PeerSession:
     @property
     def sources(self) -> dict[int, Source]:
         return self.proto.sources
+
+    @property
+    def max_data(self) -> int:
+        return self.proto.max_data
 
     @property
     def remote_did(self) -> str:

@@ -22,7 +22,7 @@ clock, a socket or a database.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Generator
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeAlias
 
@@ -427,7 +427,6 @@ class Pending:
     name: str
     rid: int | None = None
     handle: Operation | None = None
-    on_error: Callable[[BaseException], None] | None = None
     meta: dict[str, Any] = field(default_factory=dict)
 
 

@@ -782,14 +782,15 @@ class ReplicationProtocol:
         yield from source.run(since)
 
     def _get_dependencies(self, index: int, refs: list[DependencyRef]) -> Effects:
-        sink = self.sinks[index]
+        sink = self.sinks.get(index)
         body = encode_body({"refs": [r.to_json() for r in refs]})
         yield from self.dependency_slots.acquire()
         try:
             reply: Response = yield Call("getDependencies", {"collection": str(index)}, body)
         finally:
             self.dependency_slots.release()
-        sink.stats.bytes_received += len(reply.body)
+        if sink is not None:
+            sink.stats.bytes_received += len(reply.body)
         answers = decode_map(reply.body).get("answers")
         if not isinstance(answers, list) or len(answers) != len(refs):
             raise PeerError(400, "BodyInvalid", "getDependencies answers do not match the refs")
