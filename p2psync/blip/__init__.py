@@ -21,7 +21,7 @@ See ``docs/blip.md``.
 from p2psync.blip.connection import BlipConnection, ConnectionState
 from p2psync.blip.errors import BLIP_ERROR_DOMAIN, BlipError, ConnectionClosed, ProtocolError
 from p2psync.blip.memory import MemoryListener, memory_pair
-from p2psync.blip.messages import (
+from p2psync.blip.payloads import (
     Body,
     Handler,
     HandlerSpec,

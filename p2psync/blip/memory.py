@@ -22,7 +22,7 @@ import trio
 import trio.testing
 
 from p2psync.blip.errors import ConnectionClosed
-from p2psync.blip.messages import HandlerSpec
+from p2psync.blip.payloads import HandlerSpec
 from p2psync.blip.transport import (
     DEFAULT_APP_ID,
     IDLE_TIMEOUT,

@@ -47,7 +47,7 @@ from p2psync.blip.connection import (
     describe_event,
 )
 from p2psync.blip.errors import BLIP_ERROR_DOMAIN, BlipError, ConnectionClosed, ProtocolError
-from p2psync.blip.messages import (
+from p2psync.blip.payloads import (
     Body,
     HandlerSpec,
     IncomingBody,
@@ -105,7 +105,7 @@ WRITE_BATCH = 256 * 1024
 #: Largest WebSocket message accepted: 64 times the largest frame a reference peer sends.
 MAX_WEBSOCKET_MESSAGE = 1024 * 1024
 #: Default largest incoming message assembled in memory; beyond it a request gets BLIP 413
-#: and a reply fails locally. Stream larger bodies (:func:`~p2psync.blip.messages.streaming`).
+#: and a reply fails locally. Stream larger bodies (:func:`~p2psync.blip.payloads.streaming`).
 MAX_MESSAGE_SIZE = 64 * 1024 * 1024
 #: Handler tasks allowed at once per connection before the reader pauses.
 MAX_CONCURRENT_HANDLERS = 1024
