@@ -21,27 +21,21 @@ See ``docs/blip.md``.
 from p2psync.blip.connection import BlipConnection, ConnectionState
 from p2psync.blip.errors import BLIP_ERROR_DOMAIN, BlipError, ConnectionClosed, ProtocolError
 from p2psync.blip.memory import MemoryListener, memory_pair
-from p2psync.blip.payloads import (
-    Body,
-    Handler,
-    HandlerSpec,
-    IncomingBody,
-    Reply,
-    Request,
-    Response,
-    StreamingHandler,
-    StreamingResponse,
-    streaming,
-)
+from p2psync.blip.payloads import Body, IncomingBody, Reply, Response, StreamingResponse
 from p2psync.blip.transport import (
     DEFAULT_APP_ID,
     BlipServer,
     Connection,
+    Handler,
+    HandlerSpec,
+    Request,
+    StreamingHandler,
     accept_stream,
     connect,
     connect_stream,
     serve,
     serve_listeners,
+    streaming,
     subprotocol_for,
 )
 

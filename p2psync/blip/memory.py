@@ -22,13 +22,13 @@ import trio
 import trio.testing
 
 from p2psync.blip.errors import ConnectionClosed
-from p2psync.blip.payloads import HandlerSpec
 from p2psync.blip.transport import (
     DEFAULT_APP_ID,
     IDLE_TIMEOUT,
     MAX_MESSAGE_SIZE,
     PING_INTERVAL,
     Connection,
+    HandlerSpec,
     accept_stream,
     connect_stream,
 )

@@ -1,19 +1,28 @@
-"""What a BLIP user handles: requests, responses, replies and streamed bodies."""
+"""What travels with a BLIP request besides the request itself: bodies, replies, responses.
+
+The lowest layer of the RPC API: :class:`Reply` (what a handler answers), :class:`Response`
+and :class:`StreamingResponse` (what our requests get back) and :class:`IncomingBody` (a body
+read as it arrives). The request, its handlers and the connection live in
+:mod:`p2psync.blip.rpc`, above this module; an :class:`IncomingBody` reports the bytes it
+hands out through the small :class:`CreditSink` protocol, so nothing here imports them.
+"""
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import trio
 
-from p2psync.blip.errors import ConnectionClosed
-from p2psync.blip.wire import COMPRESSED, NO_REPLY, PROFILE_PROPERTY, URGENT
 
-if TYPE_CHECKING:
-    from p2psync.blip.transport import Connection
+class CreditSink(Protocol):
+    """Where an :class:`IncomingBody` reports what its reader took (the connection), so the
+    peer is acknowledged only for data that was consumed."""
+
+    def _credit(self, mtype: int, number: int, size: int) -> None: ...
+
 
 #: A message body: bytes, or an async iterable of byte chunks streamed under flow control.
 Body = bytes | bytearray | memoryview | AsyncIterable[bytes]
@@ -37,7 +46,7 @@ class IncomingBody:
     sender after one flow-control window.
     """
 
-    def __init__(self, connection: Connection, mtype: int, number: int) -> None:
+    def __init__(self, connection: CreditSink, mtype: int, number: int) -> None:
         self._connection = connection
         self._type = mtype
         self._number = number
@@ -93,80 +102,6 @@ class IncomingBody:
         return b"".join(parts)
 
 
-class Request:
-    """An incoming request, as a handler sees it.
-
-    ``body`` holds the whole body, except for a :func:`streaming` handler, which reads
-    ``body_stream`` instead. ``connection`` is the connection it came over, so a handler can
-    send requests back to the peer.
-    """
-
-    __slots__ = ("connection", "number", "properties", "body", "body_stream", "flags", "_replied")
-
-    def __init__(
-        self,
-        connection: Connection,
-        number: int,
-        properties: dict[str, str],
-        body: bytes,
-        flags: int,
-        body_stream: IncomingBody | None = None,
-    ) -> None:
-        self.connection = connection
-        self.number = number
-        self.properties = properties
-        self.body = body
-        self.body_stream = body_stream
-        self.flags = flags
-        self._replied = False
-
-    @property
-    def profile(self) -> str:
-        """The ``Profile`` property ("" when absent)."""
-        return self.properties.get(PROFILE_PROPERTY, "")
-
-    @property
-    def no_reply(self) -> bool:
-        """True when the sender wants no reply."""
-        return bool(self.flags & NO_REPLY)
-
-    @property
-    def urgent(self) -> bool:
-        return bool(self.flags & URGENT)
-
-    @property
-    def compressed(self) -> bool:
-        """True when the request arrived compressed."""
-        return bool(self.flags & COMPRESSED)
-
-    @property
-    def replied(self) -> bool:
-        """True once a reply (or error) was sent, or when none is wanted."""
-        return self._replied or self.no_reply
-
-    async def respond(self, reply: Reply | None = None) -> None:
-        """Send the reply now, before the handler returns (what it returns is then ignored).
-
-        Does nothing for a no-reply request. Raises ``RuntimeError`` on a second reply.
-        """
-        if self._replied:
-            raise RuntimeError(f"request #{self.number} was already answered")
-        self._replied = True
-        if not self.no_reply:
-            await self.connection._send_reply(self.number, reply or Reply())
-
-    def respond_error(self, domain: str, code: int, message: str = "") -> None:
-        """Send an ERR reply now (raising :class:`BlipError` from the handler does the same)."""
-        if self._replied:
-            raise RuntimeError(f"request #{self.number} was already answered")
-        self._replied = True
-        if not self.no_reply:
-            self.connection._send_error(self.number, domain, code, message)
-
-    def __repr__(self) -> str:
-        return f"<Request #{self.number} {self.properties} ({len(self.body)} bytes)>"
-
-
 @dataclass(slots=True)
 class Response:
     """A reply to one of our requests; ``profile`` is the profile of that request."""
@@ -187,29 +122,3 @@ class StreamingResponse:
     body_stream: IncomingBody
     number: int
     flags: int = 0
-
-
-#: A request handler: gets the request, returns the reply (``None``: an empty reply) or
-#: raises :class:`~p2psync.blip.errors.BlipError` for an ERR reply.
-Handler = Callable[[Request], Awaitable[Reply | None]]
-
-
-@dataclass(frozen=True, slots=True)
-class StreamingHandler:
-    """A handler that runs as soon as a request's properties arrive and reads its body from
-    ``request.body_stream`` (wrap a handler with :func:`streaming`)."""
-
-    handler: Handler
-
-
-HandlerSpec = Handler | StreamingHandler
-
-
-def streaming(handler: Handler) -> StreamingHandler:
-    """Mark a handler as streaming: it reads ``request.body_stream`` as data arrives."""
-    return StreamingHandler(handler)
-
-
-def closed_error(reason: str | None) -> ConnectionClosed:
-    """The exception pending operations get when their connection ends."""
-    return ConnectionClosed(reason or "connection closed")

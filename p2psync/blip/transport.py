@@ -47,17 +47,9 @@ from p2psync.blip.connection import (
     describe_event,
 )
 from p2psync.blip.errors import BLIP_ERROR_DOMAIN, BlipError, ConnectionClosed, ProtocolError
-from p2psync.blip.payloads import (
-    Body,
-    HandlerSpec,
-    IncomingBody,
-    Reply,
-    Request,
-    Response,
-    StreamingHandler,
-    StreamingResponse,
-)
+from p2psync.blip.payloads import Body, IncomingBody, Reply, Response, StreamingResponse
 from p2psync.blip.wire import (
+    COMPRESSED,
     ERR,
     ERROR_CODE_PROPERTY,
     ERROR_DOMAIN_PROPERTY,
@@ -66,6 +58,7 @@ from p2psync.blip.wire import (
     NO_REPLY,
     PROFILE_PROPERTY,
     RPY,
+    URGENT,
 )
 
 log = logging.getLogger("p2psync.blip")
@@ -105,7 +98,7 @@ WRITE_BATCH = 256 * 1024
 #: Largest WebSocket message accepted: 64 times the largest frame a reference peer sends.
 MAX_WEBSOCKET_MESSAGE = 1024 * 1024
 #: Default largest incoming message assembled in memory; beyond it a request gets BLIP 413
-#: and a reply fails locally. Stream larger bodies (:func:`~p2psync.blip.payloads.streaming`).
+#: and a reply fails locally. Stream larger bodies (:func:`streaming`).
 MAX_MESSAGE_SIZE = 64 * 1024 * 1024
 #: Handler tasks allowed at once per connection before the reader pauses.
 MAX_CONCURRENT_HANDLERS = 1024
@@ -131,6 +124,101 @@ BAD_REPLY = 502
 def subprotocol_for(app_id: str) -> str:
     """The WebSocket subprotocol for an application id, e.g. ``BLIP_3+P2PSync_1``."""
     return SUBPROTOCOL_PREFIX + app_id
+
+
+class Request:
+    """An incoming request, as a handler sees it.
+
+    ``body`` holds the whole body, except for a :func:`streaming` handler, which reads
+    ``body_stream`` instead. ``connection`` is the connection it came over, so a handler can
+    send requests back to the peer.
+    """
+
+    __slots__ = ("connection", "number", "properties", "body", "body_stream", "flags", "_replied")
+
+    def __init__(
+        self,
+        connection: Connection,
+        number: int,
+        properties: dict[str, str],
+        body: bytes,
+        flags: int,
+        body_stream: IncomingBody | None = None,
+    ) -> None:
+        self.connection = connection
+        self.number = number
+        self.properties = properties
+        self.body = body
+        self.body_stream = body_stream
+        self.flags = flags
+        self._replied = False
+
+    @property
+    def profile(self) -> str:
+        """The ``Profile`` property ("" when absent)."""
+        return self.properties.get(PROFILE_PROPERTY, "")
+
+    @property
+    def no_reply(self) -> bool:
+        """True when the sender wants no reply."""
+        return bool(self.flags & NO_REPLY)
+
+    @property
+    def urgent(self) -> bool:
+        return bool(self.flags & URGENT)
+
+    @property
+    def compressed(self) -> bool:
+        """True when the request arrived compressed."""
+        return bool(self.flags & COMPRESSED)
+
+    @property
+    def replied(self) -> bool:
+        """True once a reply (or error) was sent, or when none is wanted."""
+        return self._replied or self.no_reply
+
+    async def respond(self, reply: Reply | None = None) -> None:
+        """Send the reply now, before the handler returns (what it returns is then ignored).
+
+        Does nothing for a no-reply request. Raises ``RuntimeError`` on a second reply.
+        """
+        if self._replied:
+            raise RuntimeError(f"request #{self.number} was already answered")
+        self._replied = True
+        if not self.no_reply:
+            await self.connection._send_reply(self.number, reply or Reply())
+
+    def respond_error(self, domain: str, code: int, message: str = "") -> None:
+        """Send an ERR reply now (raising :class:`BlipError` from the handler does the same)."""
+        if self._replied:
+            raise RuntimeError(f"request #{self.number} was already answered")
+        self._replied = True
+        if not self.no_reply:
+            self.connection._send_error(self.number, domain, code, message)
+
+    def __repr__(self) -> str:
+        return f"<Request #{self.number} {self.properties} ({len(self.body)} bytes)>"
+
+
+#: A request handler: gets the request, returns the reply (``None``: an empty reply) or
+#: raises :class:`~p2psync.blip.errors.BlipError` for an ERR reply.
+Handler = Callable[[Request], Awaitable[Reply | None]]
+
+
+@dataclass(frozen=True, slots=True)
+class StreamingHandler:
+    """A handler that runs as soon as a request's properties arrive and reads its body from
+    ``request.body_stream`` (wrap a handler with :func:`streaming`)."""
+
+    handler: Handler
+
+
+HandlerSpec = Handler | StreamingHandler
+
+
+def streaming(handler: Handler) -> StreamingHandler:
+    """Mark a handler as streaming: it reads ``request.body_stream`` as data arrives."""
+    return StreamingHandler(handler)
 
 
 class _Waiter:
