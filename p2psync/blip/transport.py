@@ -28,7 +28,7 @@ from typing import Any, NoReturn
 import trio
 from websockets.client import ClientProtocol
 from websockets.exceptions import InvalidHandshake, InvalidState
-from websockets.frames import Close, CloseCode, Opcode
+from websockets.frames import CloseCode, Opcode
 from websockets.http11 import Request as HttpRequest
 from websockets.http11 import Response as HttpResponse
 from websockets.protocol import Protocol, State
@@ -47,6 +47,16 @@ from p2psync.blip.connection import (
     describe_event,
 )
 from p2psync.blip.errors import BLIP_ERROR_DOMAIN, BlipError, ConnectionClosed, ProtocolError
+from p2psync.blip.lifecycle import (
+    CLOSED,
+    CONNECTING,
+    MAX_CLOSE_REASON_BYTES,
+    Lifecycle,
+    check_close,
+    describe_close,
+    peer_close_reason,
+    truncate_utf8,
+)
 from p2psync.blip.payloads import Body, IncomingBody, Reply, Response, StreamingResponse
 from p2psync.blip.wire import (
     COMPRESSED,
@@ -76,13 +86,6 @@ PING_INTERVAL = 20.0
 IDLE_TIMEOUT = 60.0
 #: Seconds to wait for the peer's side of the closing handshake before cutting the stream.
 CLOSE_TIMEOUT = 5.0
-#: Longest close reason, in UTF-8 bytes: a control frame carries at most 125 bytes of payload
-#: and the close code takes two of them (RFC 6455 §5.5 and §5.5.1).
-MAX_CLOSE_REASON_BYTES = 123
-#: Close codes below 3000 that an endpoint may put in a close frame: those RFC 6455 §7.4.1
-#: defines for sending and the ones IANA registered since (1012-1014). 1004-1006 and 1015
-#: are reserved; 3000-4999 are for libraries and applications.
-SENDABLE_CLOSE_CODES = frozenset({1000, 1001, 1002, 1003, *range(1007, 1015)})
 #: Seconds allowed for TCP connect plus the WebSocket opening handshake.
 HANDSHAKE_TIMEOUT = 10.0
 #: Bytes asked of the socket per read. 64 KiB keeps a read (and the ACKs it triggers) well
@@ -289,12 +292,10 @@ class Connection:
         self._active_handlers = 0
         self._nursery: trio.Nursery | None = None
         self._run_scope = trio.CancelScope()
-        self._closed = trio.Event()
-        self._close_reason: str | None = None
+        self._lifecycle = Lifecycle(websocket)
         self._partial: list[bytes] | None = None  # a fragmented WebSocket message
         self._run_task: trio.lowlevel.Task | None = None  # the task inside run()
         self._writing = False  # the writer is inside send_all
-        self._started = False  # run() was called
         self._last_receive = 0.0
 
     # ------------------------------------------------------------------ public API
@@ -307,7 +308,7 @@ class Connection:
     @property
     def closed(self) -> bool:
         """True once the connection has ended (see :attr:`close_reason`)."""
-        return self._closed.is_set() or self._close_reason is not None
+        return self._lifecycle.closed
 
     @property
     def close_reason(self) -> str | None:
@@ -317,7 +318,7 @@ class Connection:
         HelloProofInvalid)"`` or ``"closed by this side"``. For the bare WebSocket close code
         and reason text use :attr:`close_code` and :attr:`close_text`.
         """
-        return self._close_reason
+        return self._lifecycle.reason
 
     @property
     def close_code(self) -> int | None:
@@ -329,19 +330,13 @@ class Connection:
         §7.1.5) when no close frame was exchanged: the stream broke, the idle timeout cut a
         silent peer, or the connection's task was cancelled.
         """
-        if not self.closed:
-            return None
-        frame = self._opening_close_frame()
-        return int(CloseCode.ABNORMAL_CLOSURE if frame is None else frame.code)
+        return self._lifecycle.close_code
 
     @property
     def close_text(self) -> str | None:
         """The reason text of the close frame behind :attr:`close_code` (e.g.
         ``"P2PSync 401 HelloProofInvalid"``); ``""`` when there was none, ``None`` while open."""
-        if not self.closed:
-            return None
-        frame = self._opening_close_frame()
-        return "" if frame is None else frame.reason
+        return self._lifecycle.close_text
 
     def set_handler(self, profile: str, handler: HandlerSpec | None) -> None:
         """Register (or with ``None`` remove) the handler for a profile."""
@@ -424,8 +419,8 @@ class Connection:
         sent = self._sent_waiters.get(number)
         if sent is not None:
             await sent.wait()
-        if self._close_reason is not None and number in self._sent_waiters:
-            raise self._closed_error()
+        if self._lifecycle.closed and number in self._sent_waiters:
+            raise self._lifecycle.error()
 
     def start_soon(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
         """Run a task for as long as the connection lives (it is cancelled at close).
@@ -435,12 +430,12 @@ class Connection:
         """
         nursery = self._nursery
         if nursery is None or self._run_scope.cancel_called:
-            raise ConnectionClosed(self._close_reason or "connection not running")
+            raise ConnectionClosed(self._lifecycle.reason or "connection not running")
         try:
             nursery.start_soon(fn, *args)
         except RuntimeError:
             # The nursery stopped taking tasks: the connection is ending (e.g. cancelled).
-            raise self._closed_error() from None
+            raise self._lifecycle.error() from None
 
     async def aclose(self, *, code: int = CloseCode.NORMAL_CLOSURE, reason: str = "") -> None:
         """Close: the WebSocket closing handshake with ``code`` and ``reason``, then the stream.
@@ -459,57 +454,57 @@ class Connection:
         Raises ``ValueError`` for a code that may not be sent (RFC 6455 §7.4: 1000–1003,
         1007–1014, 3000–4999) or a reason longer than :data:`MAX_CLOSE_REASON_BYTES` bytes.
         """
-        _check_close(code, reason)
+        check_close(code, reason)
         if trio.current_effective_deadline() == -math.inf:
             await self._cut_when_cancelled()
             return
         # Only a connection still open gets a close frame: one that ended without a closing
         # handshake (stream broken, idle timeout) keeps reporting 1006.
-        if self._close_reason is None and self._ws.state is State.OPEN:
+        if not self._lifecycle.closed and self._ws.state is State.OPEN:
             self._ws.send_close(code, reason)
             self._wake_writer()
         if code == CloseCode.NORMAL_CLOSURE and not reason:
-            self._note_close("closed by this side")
+            self._begin_close("closed by this side")
         else:
-            self._note_close(f"closed by this side ({_describe_close(code, reason)})")
-        self._core.close()
-        if not self._started:
-            self._closed.set()
-            with trio.CancelScope(shield=True):
-                await self._stream.aclose()
+            self._begin_close(f"closed by this side ({describe_close(code, reason)})")
+        if self._run_task is None:
+            await self._close_unstarted()
             return
         self._start_close_deadline()
         if self._in_own_task():
             return  # waiting here would wait for ourselves: the close completes later
         try:
-            await self._closed.wait()  # the close deadline bounds this wait
+            await self._lifecycle.wait_closed()  # the close deadline bounds this wait
         finally:
-            if not self._closed.is_set():
+            if self._lifecycle.state is not CLOSED:
                 # Cancelled while waiting for the peer: cut the connection now.
                 self._run_scope.cancel()
                 with trio.CancelScope(shield=True):
-                    await self._closed.wait()
+                    await self._lifecycle.wait_closed()
 
     async def _cut_when_cancelled(self) -> None:
         """aclose() from a cancelled caller: no closing handshake (its frame could not be
         waited for, nor reliably written), just cut, so the end reads the same on both sides
         whichever task notices the cancellation first: 1006, ``cancelled``."""
-        self._note_close("cancelled")
-        self._core.close()
-        if not self._started:
-            self._closed.set()
-            with trio.CancelScope(shield=True):
-                await self._stream.aclose()
+        self._begin_close("cancelled")
+        if self._run_task is None:
+            await self._close_unstarted()
         else:
             self._run_scope.cancel()
             if not self._in_own_task():
                 with trio.CancelScope(shield=True):
-                    await self._closed.wait()
+                    await self._lifecycle.wait_closed()
         await trio.lowlevel.checkpoint()  # raises Cancelled
+
+    async def _close_unstarted(self) -> None:
+        """End a connection that never ran: no task would ever finish its close."""
+        self._lifecycle.finish()
+        with trio.CancelScope(shield=True):
+            await self._stream.aclose()
 
     async def wait_closed(self) -> None:
         """Wait until the connection has ended."""
-        await self._closed.wait()
+        await self._lifecycle.wait_closed()
 
     # ------------------------------------------------------------------ running
 
@@ -524,13 +519,13 @@ class Connection:
         Reports ``task_status.started()`` once the connection can run tasks
         (:meth:`start_soon`), so a caller using ``nursery.start`` can hand it out at once.
         """
-        if self._started:
+        if self._run_task is not None:
             raise RuntimeError("a connection runs once")
-        self._started = True
         self._run_task = trio.lowlevel.current_task()
-        if self._closed.is_set():
+        if self._lifecycle.state is not CONNECTING:
             task_status.started()
             return  # closed before it ever ran
+        self._lifecycle.start()
         self._last_receive = trio.current_time()
         try:
             with self._run_scope:
@@ -551,14 +546,14 @@ class Connection:
                             await self._progress.park()
                     nursery.cancel_scope.cancel()
         except BaseException as exc:
-            self._note_close("cancelled" if _only_cancelled(exc) else f"a connection task failed: {exc!r}")
+            self._begin_close("cancelled" if _only_cancelled(exc) else f"a connection task failed: {exc!r}")
             raise
         finally:
             self._nursery = None
-            self._shutdown(self._close_reason or "connection closed")
+            self._shutdown("connection closed")
             with trio.CancelScope(shield=True):
                 await self._stream.aclose()
-            self._closed.set()
+            self._lifecycle.finish()
 
     # ------------------------------------------------------------------ sending
 
@@ -580,10 +575,11 @@ class Connection:
                 if key == PROFILE_PROPERTY and value != profile:
                     raise ValueError("the Profile property differs from the profile argument")
                 props[key] = value
-        while self._core.queued_messages >= MAX_QUEUED_MESSAGES and self._close_reason is None:
+        lifecycle = self._lifecycle
+        while self._core.queued_messages >= MAX_QUEUED_MESSAGES and not lifecycle.closed:
             await self._progress.park()
-        if self._close_reason is not None:
-            raise self._closed_error()
+        if lifecycle.closed:
+            raise lifecycle.error()
         data, source = _split_body(body)
         number = self._core.send_request(
             props,
@@ -647,8 +643,8 @@ class Connection:
                     self._wake_writer()
                 while True:
                     backlog = core.outgoing_backlog(mtype, number)
-                    if backlog is None or self._close_reason is not None:
-                        raise self._closed_error()
+                    if backlog is None or self._lifecycle.closed:
+                        raise self._lifecycle.error()
                     if backlog < STREAM_LOW_WATER:
                         break
                     await self._progress.park()
@@ -656,7 +652,7 @@ class Connection:
             self._wake_writer()
             finished = True
         finally:
-            if not finished and self._close_reason is None:
+            if not finished and not self._lifecycle.closed:
                 # BLIP cannot withdraw a message; a cut body must not pass for a whole one.
                 self._fail_connection("a streamed body could not be completed", 1011)
 
@@ -717,12 +713,12 @@ class Connection:
             try:
                 data = await stream.receive_some(RECEIVE_SIZE)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                self._note_close(f"read failed: {exc}")
+                self._begin_close(f"read failed: {exc}")
                 return
             self._last_receive = trio.current_time()
             if not data:
                 ws.receive_eof()
-                self._note_close(self._ws_close_reason() or "peer closed the stream")
+                self._begin_close(peer_close_reason(ws) or "peer closed the stream")
                 self._wake_writer()
                 return
             ws.receive_data(data)
@@ -766,9 +762,7 @@ class Connection:
                 self._protocol_failure("text WebSocket message (BLIP frames are binary)")
                 return
             elif opcode is Opcode.CLOSE:
-                self._note_close(self._ws_close_reason() or "peer closed the connection")
-                core.close()
-                self._shutdown(self._close_reason or "peer closed the connection")
+                self._shutdown(peer_close_reason(self._ws) or "peer closed the connection")
                 self._start_close_deadline()
                 continue
             else:
@@ -983,21 +977,6 @@ class Connection:
                 self._ws.send_ping(b"blip")
                 self._wake_writer()
 
-    def _opening_close_frame(self) -> Close | None:
-        """The close frame that began the closing handshake (ours or the peer's), if any."""
-        ws = self._ws
-        if ws.close_rcvd is not None and (ws.close_sent is None or ws.close_rcvd_then_sent):
-            return ws.close_rcvd
-        return ws.close_sent
-
-    def _closed_error(self) -> ConnectionClosed:
-        """The exception operations get once this connection has ended."""
-        return ConnectionClosed(
-            self._close_reason or "connection closed",
-            close_code=self.close_code,
-            close_text=self.close_text,
-        )
-
     def _in_own_task(self) -> bool:
         """True when the current task is run() or one of its descendants (e.g. a handler)."""
         task: trio.lowlevel.Task | None = trio.lowlevel.current_task()
@@ -1008,16 +987,10 @@ class Connection:
             task = parent.parent_task if parent is not None else None
         return False
 
-    def _ws_close_reason(self) -> str | None:
-        close = self._ws.close_rcvd
-        if close is None:
-            return None
-        detail = f"{close.code} {close.reason}" if close.reason else str(close.code)
-        return f"peer closed the WebSocket ({detail})"
-
-    def _note_close(self, reason: str) -> None:
-        if self._close_reason is None:
-            self._close_reason = reason
+    def _begin_close(self, reason: str) -> None:
+        """The end is decided (the first reason stays): no BLIP message is sent or taken after."""
+        self._lifecycle.begin_close(reason)
+        self._core.close()
 
     def _protocol_failure(self, reason: str) -> None:
         log.warning("%s: BLIP protocol error, closing: %s", self.name, reason)
@@ -1025,10 +998,9 @@ class Connection:
 
     def _fail_connection(self, reason: str, code: int) -> None:
         """Close with a WebSocket error code (the closing handshake still runs)."""
-        self._note_close(reason)
-        self._core.close()
+        self._begin_close(reason)
         if self._ws.state is State.OPEN:
-            self._ws.fail(code, _truncate_utf8(reason, MAX_CLOSE_REASON_BYTES))
+            self._ws.fail(code, truncate_utf8(reason, MAX_CLOSE_REASON_BYTES))
         self._shutdown(reason)
         self._wake_writer()
         self._start_close_deadline()
@@ -1047,14 +1019,13 @@ class Connection:
 
     def _abort(self, reason: str) -> None:
         """Drop the connection without a closing handshake (peer gone or stream broken)."""
-        self._note_close(reason)
+        self._begin_close(reason)
         self._run_scope.cancel()
 
     def _shutdown(self, reason: str) -> None:
         """Fail everything still waiting on this connection."""
-        self._core.close()
-        self._note_close(reason)
-        error = self._closed_error()
+        self._begin_close(reason)
+        error = self._lifecycle.error()
         waiters, self._waiters = self._waiters, {}
         for waiter in waiters.values():
             waiter.error = error
@@ -1083,26 +1054,6 @@ async def _guarded(fn: Callable[[Connection], Awaitable[None]], conn: Connection
     except Exception:
         log.exception("%s: on_connect callback failed", conn.name)
         await conn.aclose()
-
-
-def _check_close(code: int, reason: str) -> None:
-    """Refuse a close code or reason that cannot go into a close frame."""
-    if not (code in SENDABLE_CLOSE_CODES or 3000 <= code < 5000):
-        raise ValueError(f"close code {code} may not be sent (RFC 6455 §7.4)")
-    if len(reason.encode("utf-8")) > MAX_CLOSE_REASON_BYTES:
-        raise ValueError(f"close reason longer than {MAX_CLOSE_REASON_BYTES} bytes: {reason[:40]!r}...")
-
-
-def _describe_close(code: int, reason: str) -> str:
-    return f"{code} {reason}" if reason else str(code)
-
-
-def _truncate_utf8(text: str, limit: int) -> str:
-    """``text`` cut to at most ``limit`` UTF-8 bytes, never inside a character."""
-    data = text.encode("utf-8")
-    if len(data) <= limit:
-        return text
-    return data[:limit].decode("utf-8", "ignore")
 
 
 def _only_cancelled(exc: BaseException) -> bool:
