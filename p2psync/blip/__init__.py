@@ -20,24 +20,19 @@ See ``docs/blip.md``.
 
 from p2psync.blip.connection import BlipConnection, ConnectionState
 from p2psync.blip.errors import BLIP_ERROR_DOMAIN, BlipError, ConnectionClosed, ProtocolError
-from p2psync.blip.memory import MemoryListener, memory_pair
-from p2psync.blip.payloads import Body, IncomingBody, Reply, Response, StreamingResponse
-from p2psync.blip.transport import (
+from p2psync.blip.handshake import (
     DEFAULT_APP_ID,
     BlipServer,
-    Connection,
-    Handler,
-    HandlerSpec,
-    Request,
-    StreamingHandler,
     accept_stream,
     connect,
     connect_stream,
     serve,
     serve_listeners,
-    streaming,
-    subprotocol_for,
 )
+from p2psync.blip.memory import MemoryListener, memory_pair
+from p2psync.blip.payloads import Body, IncomingBody, Reply, Response, StreamingResponse
+from p2psync.blip.rpc import Connection, Handler, HandlerSpec, Request, StreamingHandler, streaming
+from p2psync.blip.wire import subprotocol_for
 
 __all__ = [
     "BLIP_ERROR_DOMAIN",
