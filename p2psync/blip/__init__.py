@@ -3,11 +3,16 @@
 Two layers:
 
 - sans-I/O: :mod:`p2psync.blip.wire` (constants, varints, properties),
-  :mod:`p2psync.blip.codec` (CRC and deflate per direction) and
-  :class:`~p2psync.blip.connection.BlipConnection` (numbering, outbox, flow control, events);
-- trio: :func:`connect`, :func:`serve` and :class:`Connection` over the ``websockets``
-  sans-I/O protocol; :func:`memory_pair` and :class:`MemoryListener` run the same over
-  in-memory streams for deterministic tests (:mod:`p2psync.blip.memory`).
+  :mod:`p2psync.blip.codec` (CRC and deflate per direction),
+  :class:`~p2psync.blip.connection.BlipConnection` (numbering, outbox, flow control, events)
+  and :mod:`p2psync.blip.lifecycle` (a connection's one lifecycle state);
+- trio, over the ``websockets`` sans-I/O protocol, each module importing only those before
+  it: :mod:`~p2psync.blip.closing` (how a connection ends), :mod:`~p2psync.blip.pumps` (the
+  reader, writer and keepalive tasks), :mod:`~p2psync.blip.rpc` (:class:`Connection`,
+  :class:`Request`, handlers; :mod:`~p2psync.blip.payloads` holds replies and bodies) and
+  :mod:`~p2psync.blip.handshake` (:func:`connect`, :func:`serve`, :class:`BlipServer`);
+  :func:`memory_pair` and :class:`MemoryListener` run the same over in-memory streams for
+  deterministic tests (:mod:`p2psync.blip.memory`).
 
 Quick use::
 
