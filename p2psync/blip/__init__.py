@@ -3,11 +3,16 @@
 Two layers:
 
 - sans-I/O: :mod:`p2psync.blip.wire` (constants, varints, properties),
-  :mod:`p2psync.blip.codec` (CRC and deflate per direction) and
-  :class:`~p2psync.blip.connection.BlipConnection` (numbering, outbox, flow control, events);
-- trio: :func:`connect`, :func:`serve` and :class:`Connection` over the ``websockets``
-  sans-I/O protocol; :func:`memory_pair` and :class:`MemoryListener` run the same over
-  in-memory streams for deterministic tests (:mod:`p2psync.blip.memory`).
+  :mod:`p2psync.blip.codec` (CRC and deflate per direction),
+  :class:`~p2psync.blip.connection.BlipConnection` (numbering, outbox, flow control, events)
+  and :mod:`p2psync.blip.lifecycle` (a connection's one lifecycle state);
+- trio, over the ``websockets`` sans-I/O protocol, each module importing only those before
+  it: :mod:`~p2psync.blip.closing` (how a connection ends), :mod:`~p2psync.blip.pumps` (the
+  reader, writer and keepalive tasks), :mod:`~p2psync.blip.rpc` (:class:`Connection`,
+  :class:`Request`, handlers; :mod:`~p2psync.blip.payloads` holds replies and bodies) and
+  :mod:`~p2psync.blip.handshake` (:func:`connect`, :func:`serve`, :class:`BlipServer`);
+  :func:`memory_pair` and :class:`MemoryListener` run the same over in-memory streams for
+  deterministic tests (:mod:`p2psync.blip.memory`).
 
 Quick use::
 
@@ -20,30 +25,19 @@ See ``docs/blip.md``.
 
 from p2psync.blip.connection import BlipConnection, ConnectionState
 from p2psync.blip.errors import BLIP_ERROR_DOMAIN, BlipError, ConnectionClosed, ProtocolError
-from p2psync.blip.memory import MemoryListener, memory_pair
-from p2psync.blip.messages import (
-    Body,
-    Handler,
-    HandlerSpec,
-    IncomingBody,
-    Reply,
-    Request,
-    Response,
-    StreamingHandler,
-    StreamingResponse,
-    streaming,
-)
-from p2psync.blip.transport import (
+from p2psync.blip.handshake import (
     DEFAULT_APP_ID,
     BlipServer,
-    Connection,
     accept_stream,
     connect,
     connect_stream,
     serve,
     serve_listeners,
-    subprotocol_for,
 )
+from p2psync.blip.memory import MemoryListener, memory_pair
+from p2psync.blip.payloads import Body, IncomingBody, Reply, Response, StreamingResponse
+from p2psync.blip.rpc import Connection, Handler, HandlerSpec, Request, StreamingHandler, streaming
+from p2psync.blip.wire import subprotocol_for
 
 __all__ = [
     "BLIP_ERROR_DOMAIN",

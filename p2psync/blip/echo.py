@@ -20,8 +20,10 @@ from collections.abc import Sequence
 import trio
 
 from p2psync.blip.errors import BlipError
-from p2psync.blip.messages import HandlerSpec, Reply, Request
-from p2psync.blip.transport import DEFAULT_APP_ID, BlipServer, serve, subprotocol_for
+from p2psync.blip.handshake import DEFAULT_APP_ID, BlipServer, serve
+from p2psync.blip.payloads import Reply
+from p2psync.blip.rpc import HandlerSpec, Request
+from p2psync.blip.wire import subprotocol_for
 
 log = logging.getLogger("p2psync.blip.echo")
 

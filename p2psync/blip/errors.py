@@ -47,7 +47,7 @@ class ConnectionClosed(Exception):
 
     ``close_code`` and ``close_text`` are the WebSocket close code and reason text the
     connection ended with (see :attr:`Connection.close_code
-    <p2psync.blip.transport.Connection.close_code>`): e.g. ``1008`` and
+    <p2psync.blip.Connection.close_code>`): e.g. ``1008`` and
     ``"P2PSync 401 HelloProofInvalid"``; ``1006`` and ``""`` when it ended without a closing
     handshake; both ``None`` when the connection never opened (a failed WebSocket handshake).
     """

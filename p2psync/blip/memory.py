@@ -22,16 +22,9 @@ import trio
 import trio.testing
 
 from p2psync.blip.errors import ConnectionClosed
-from p2psync.blip.messages import HandlerSpec
-from p2psync.blip.transport import (
-    DEFAULT_APP_ID,
-    IDLE_TIMEOUT,
-    MAX_MESSAGE_SIZE,
-    PING_INTERVAL,
-    Connection,
-    accept_stream,
-    connect_stream,
-)
+from p2psync.blip.handshake import DEFAULT_APP_ID, accept_stream, connect_stream
+from p2psync.blip.pumps import IDLE_TIMEOUT, PING_INTERVAL
+from p2psync.blip.rpc import MAX_MESSAGE_SIZE, Connection, HandlerSpec
 
 #: In-memory connections waiting to be accepted before :meth:`MemoryListener.connect` waits
 #: too: Linux's historical ``listen()`` backlog (SOMAXCONN was 128 until kernel 5.4).

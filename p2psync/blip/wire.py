@@ -72,7 +72,17 @@ ERROR_DOMAIN_PROPERTY = "Error-Domain"
 ERROR_CODE_PROPERTY = "Error-Code"
 PROFILE_PROPERTY = "Profile"
 
+# --- The WebSocket subprotocol ---
+
+#: BLIP_3's subprotocol prefix (Couchbase Mobile: ``BLIP_3+CBMobile_3``).
+SUBPROTOCOL_PREFIX = "BLIP_3+"
+
 _UINT64_LIMIT = 1 << 64
+
+
+def subprotocol_for(app_id: str) -> str:
+    """The WebSocket subprotocol for an application id, e.g. ``BLIP_3+P2PSync_1``."""
+    return SUBPROTOCOL_PREFIX + app_id
 
 
 def encode_uvarint(value: int) -> bytes:

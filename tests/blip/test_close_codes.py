@@ -16,7 +16,7 @@ import trio.testing
 
 from p2psync import blip
 from p2psync.blip import Connection, ConnectionClosed, Reply, Request
-from p2psync.blip.transport import MAX_CLOSE_REASON_BYTES
+from p2psync.blip.lifecycle import MAX_CLOSE_REASON_BYTES
 
 REFUSAL = "P2PSync 401 HelloProofInvalid"
 

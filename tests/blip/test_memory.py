@@ -12,7 +12,8 @@ import trio.testing
 
 from p2psync import blip
 from p2psync.blip import Connection, ConnectionClosed, Reply, Request
-from p2psync.blip.transport import CLOSE_TIMEOUT, IDLE_TIMEOUT, PING_INTERVAL
+from p2psync.blip.closing import CLOSE_TIMEOUT
+from p2psync.blip.pumps import IDLE_TIMEOUT, PING_INTERVAL
 
 HOURS = 3
 REFUSAL = "P2PSync 403 SyncNotAuthorized"

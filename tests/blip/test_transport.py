@@ -23,12 +23,15 @@ from p2psync.blip import (
     Reply,
     Request,
     accept_stream,
+    closing,
     connect_stream,
+    pumps,
+    rpc,
     streaming,
-    transport,
 )
 from p2psync.blip.connection import BlipConnection, MessageStart
-from p2psync.blip.transport import IDLE_TIMEOUT, PING_INTERVAL, STREAM_LOW_WATER
+from p2psync.blip.pumps import IDLE_TIMEOUT, PING_INTERVAL
+from p2psync.blip.rpc import STREAM_LOW_WATER
 from p2psync.blip.wire import BIG_FRAME_SIZE, MAX_UNACKED_BYTES, MSG, RPY
 
 from .conftest import connected_pair
@@ -238,7 +241,7 @@ async def test_replies_to_a_burst_leave_before_the_whole_burst_is_handled() -> N
     read in one write makes two busy peers take turns instead of working at once.)"""
     raw_client, raw_server = trio.testing.memory_stream_pair()
     server_stream = CountingStream(raw_server)
-    burst = 4 * transport.FRAMES_PER_SLICE
+    burst = 4 * pumps.FRAMES_PER_SLICE
 
     async def server() -> None:
         async with accept_stream(server_stream, handlers={"echo": echo}, ping_interval=None) as conn:
@@ -272,7 +275,7 @@ async def test_replies_to_a_burst_leave_before_the_whole_burst_is_handled() -> N
         await raw_client.aclose()  # the server sees the stream end and stops
     assert sum(replies_per_write) == burst
     # At most two slices' replies can be ready when the writer first runs.
-    assert replies_per_write[0] <= 2 * transport.FRAMES_PER_SLICE < burst
+    assert replies_per_write[0] <= 2 * pumps.FRAMES_PER_SLICE < burst
 
 
 async def test_streaming_request_handler_and_streaming_reply() -> None:
@@ -478,8 +481,8 @@ def test_public_api_names() -> None:
 async def test_peer_that_never_reads_replies_is_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
     """Requests keep coming but the peer reads nothing: our replies pile up to a cap, then
     the connection closes (the reader itself never waits for the writer)."""
-    monkeypatch.setattr(transport, "MAX_QUEUED_MESSAGES_HARD", 50)
-    monkeypatch.setattr(transport, "CLOSE_TIMEOUT", 0.2)  # it will not answer our close either
+    monkeypatch.setattr(rpc, "MAX_QUEUED_MESSAGES_HARD", 50)
+    monkeypatch.setattr(closing, "CLOSE_TIMEOUT", 0.2)  # it will not answer our close either
     client_stream, server_stream = trio.testing.lockstep_stream_pair()
     closed: list[str | None] = []
 

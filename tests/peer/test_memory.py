@@ -17,7 +17,7 @@ import trio
 import trio.testing
 
 from p2psync import blip
-from p2psync.blip.transport import IDLE_TIMEOUT
+from p2psync.blip.pumps import IDLE_TIMEOUT
 from p2psync.peer.peer import Peer
 from p2psync.replication.wire import APP_ID
 from p2psync.state.ledger import Direction
