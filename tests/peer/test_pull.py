@@ -13,9 +13,9 @@ from p2psync.dwn.did import Identity
 from p2psync.dwn.engine import Dwn
 from p2psync.dwn.records_write import RecordsWrite
 from p2psync.dwn.store import Store
-from p2psync.replication.hello import Hello, HelloProofInvalid, make_proof, new_hello, verify_proof
 from p2psync.peer.peer import Peer
 from p2psync.peer.session import HelloFailed
+from p2psync.replication.hello import Hello, HelloProofInvalid, make_proof, new_hello, verify_proof
 from p2psync.replication.wire import APP_ID, PeerError, decode_body, encode_body
 from tests.replication.support import chat_world, process_all, snapshot
 

@@ -13,8 +13,8 @@ import trio
 
 from p2psync.dwn.encoding import message_cid
 from p2psync.peer.peer import Peer
-from p2psync.replication.wire import PeerError
 from p2psync.replication.scope import SyncScope
+from p2psync.replication.wire import PeerError
 from p2psync.state.copies import checkpoint_id
 from p2psync.state.ledger import Direction
 from tests.peer.support import Clock, assert_same, new_store, seeded, served, write_notes
