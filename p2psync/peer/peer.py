@@ -35,24 +35,20 @@ import trio
 from p2psync import blip
 from p2psync.dwn.did import Identity
 from p2psync.dwn.engine import Dwn
-from p2psync.dwn.progress import ProgressToken
 from p2psync.dwn.store import Store
 from p2psync.peer.repair import RepairProgress, RepairSummary, WantedMessage, fetch_messages
 from p2psync.peer.session import PeerSession
-from p2psync.replication.checkpoint import DirectionCheckpoint
-from p2psync.replication.effects import Operation
 from p2psync.replication.hello import new_hello
 from p2psync.replication.observer import NO_OBSERVER, SyncObserver
 from p2psync.replication.protocol import ALL_PROFILES, ReplicationProtocol
+from p2psync.replication.round import SyncRound
 from p2psync.replication.scope import SyncScope
-from p2psync.replication.sink import Sink
-from p2psync.replication.source import Source
 from p2psync.replication.stats import SyncProgress, SyncStats, SyncSummary
 from p2psync.replication.wire import APP_ID, DEFAULT_BATCH, PeerError
 from p2psync.state.authz import ReadAuthorizer
 from p2psync.state.committer import GroupCommitter
-from p2psync.state.copies import CheckpointCopies, checkpoint_id, store_id
-from p2psync.state.ledger import Direction, Ledger, LinkKey, LinkState, retry_delay
+from p2psync.state.copies import CheckpointCopies, store_id
+from p2psync.state.ledger import Direction, Ledger, LinkKey, retry_delay
 from p2psync.state.service import StoreService
 
 __all__ = [
@@ -279,7 +275,8 @@ def _error_name(exc: BaseException) -> str:
 
 
 class _Round:
-    """One connection of an active sync (see the module doc)."""
+    """One connection of an active sync: the protocol's :class:`SyncRound` over a real
+    connection, with the timers it needs (the periodic save, the stall watchdog, the stop)."""
 
     def __init__(
         self,
@@ -298,7 +295,6 @@ class _Round:
     ) -> None:
         self.peer = peer
         self.stop = stop
-        self.stopped = False
         self.connect = connect
         self.tenant = tenant
         self.scope = scope
@@ -309,216 +305,69 @@ class _Round:
         self.grants = grants
         self.batch = batch
         self.totals = totals
-        self.key: LinkKey | None = None
-        self.remote: str | None = None
         self.session: PeerSession | None = None
-        self.index = 0
-        self.copy_rev: str | None = None
-        self._saved: dict[str, Any] | None = None
-        self.sink: Sink | None = None
-        self.source: Source | None = None
-        self._latest: int | None = None
-        self._replay_until = -1
-        self._push_op: Operation | None = None
+        self.round: SyncRound | None = None
         self._activity = trio.current_time()
 
     @property
-    def ledger(self) -> Ledger:
-        return self.peer.ledger
+    def key(self) -> LinkKey | None:
+        return None if self.round is None else self.round.key
+
+    @property
+    def remote(self) -> str | None:
+        return None if self.round is None else self.round.remote
 
     async def run(self) -> SyncSummary:
-        """One connection: open the collection, run the directions, save, close."""
+        """One connection: hello, then the round with its timers beside it, then close."""
         async with self.connect(self.peer.handlers(active=True)) as conn:
             session = self.session = self.peer.session_for(conn, active=True)
-            pull_since, push_since = await self._open(session)
+            await session.hello()
+            operation, self.round = session.proto.sync(
+                tenant=self.tenant, scope=self.scope, local_store_id=self.peer.store_id, pull=self.pull,
+                push=self.push, continuous=self.continuous, batch=self.batch, grants=self.grants, totals=self.totals,
+                on_progress=self._progress,
+            )
             try:
-                await self._run_directions(session, pull_since, push_since)
+                async with trio.open_nursery() as nursery:
+                    done = trio.Event()
+                    nursery.start_soon(self._saver, session, done)
+                    if not self.continuous:
+                        nursery.start_soon(self._watchdog, done)
+                    if self.stop is not None:
+                        nursery.start_soon(self._stop_watch, session, self.stop, done)
+                    try:
+                        await session.run(operation)
+                    finally:
+                        done.set()
             except BaseExceptionGroup as group:
                 raise _first_cause(group) from None
-            await self._save()
-            self._caught_up()
             await conn.aclose()
         return self._summary()
 
-    async def _open(self, session: PeerSession) -> tuple[ProgressToken | None, ProgressToken | None]:
-        """hello, ``getCollections``, the ledger link, and each direction's start (§4.4)."""
-        await session.hello()
-        assert session.theirs is not None
-        self.remote = f"{session.theirs.did}?storeId={session.theirs.store_id}"
-        cp_id = checkpoint_id(self.peer.store_id, session.theirs.store_id, self.scope.scope_id, self.tenant)
-        self.index, copy = await session.run(session.proto.open_collection(self.tenant, self.scope, cp_id, self.grants))
-        self.key = self.ledger.open_link(self.tenant, self.remote, self.scope).key
-        self.copy_rev = copy.get("rev") if isinstance(copy.get("rev"), str) else None
-        return self._start(Direction.PULL, copy.get("pull", {})), self._start(Direction.PUSH, copy.get("push", {}))
-
-    async def _run_directions(
-        self, session: PeerSession, pull_since: ProgressToken | None, push_since: ProgressToken | None
-    ) -> None:
-        """Pull and push side by side, with the periodic save, the stall watchdog (one-shot)
-        and the stop watch beside them."""
-        async with trio.open_nursery() as nursery:
-            done = trio.Event()
-            nursery.start_soon(self._saver, done)
-            if not self.continuous:
-                nursery.start_soon(self._watchdog, done)
-            async with trio.open_nursery() as directions:
-                if self.stop is not None:
-                    nursery.start_soon(self._stop_watch, directions.cancel_scope, done)
-                if self.pull:
-                    directions.start_soon(self._pull, pull_since)
-                if self.push:
-                    directions.start_soon(self._push, push_since)
-            if self.stopped and self._push_op is not None and not self._push_op.done:
-                # Let the stopped push settle what it has in flight, so that the final save
-                # holds it.
-                with trio.move_on_after(STOP_GRACE):
-                    await session.run(self._push_op)
-            done.set()
-
-    def _caught_up(self) -> None:
-        assert self.key is not None
-        state = self.ledger.link(self.key).state
-        if state in (LinkState.INITIAL, LinkState.REPAIRING, LinkState.DEGRADED_POLL) and not self.stopped:
-            self.ledger.transition(self.key, LinkState.LIVE, reason="caught_up")
-        self.ledger.record_success(self.key)
-
     def _summary(self) -> SyncSummary:
-        assert self.key is not None and self.remote is not None
-        pull_cp, _ = self.ledger.get_checkpoint(self.key, Direction.PULL)
-        push_cp, _ = self.ledger.get_checkpoint(self.key, Direction.PUSH)
+        assert self.round is not None and self.key is not None and self.remote is not None
+        ledger = self.peer.ledger
+        pull_cp, _ = ledger.get_checkpoint(self.key, Direction.PULL)
+        push_cp, _ = ledger.get_checkpoint(self.key, Direction.PUSH)
         return SyncSummary(
             self.tenant, self.remote, self.totals.get("pull"), self.totals.get("push"),
-            {"pull": pull_cp.to_wire(), "push": push_cp.to_wire()}, self.copy_rev,
-            state=str(self.ledger.link(self.key).state),
+            {"pull": pull_cp.to_wire(), "push": push_cp.to_wire()}, self.round.copy_rev,
+            state=str(ledger.link(self.key).state),
         )
 
-    # -- start (§4.4) ------------------------------------------------------------------------
+    # -- timers ---------------------------------------------------------------------------------
 
-    def _start(self, direction: Direction, copy_doc: Any) -> ProgressToken | None:
-        assert self.key is not None
-        local, _ = self.ledger.get_checkpoint(self.key, direction)
-        try:
-            copy = DirectionCheckpoint.from_wire(copy_doc if isinstance(copy_doc, dict) else {})
-        except Exception:  # a broken copy counts as none: restart from the start, safely
-            copy = DirectionCheckpoint()
-        mine, theirs = local.contiguous_applied_token, copy.contiguous_applied_token
-        if mine == theirs:
-            return mine
-        if direction == Direction.PUSH and local.received_token is not None:
-            # Replaying below what we had pushed: the sink may have lost those; no suppression.
-            self._replay_until = local.received_token.position
-        safe = min(mine, theirs) if mine is not None and theirs is not None and mine.same_domain(theirs) else None
-        if safe != mine or local.pending_tokens or local.unapplied_tokens:
-            self.ledger.rewind_checkpoint(self.key, direction, safe, reason="checkpoint_mismatch")
-        return safe
-
-    # -- pull ----------------------------------------------------------------------------------
-
-    async def _pull(self, since: ProgressToken | None) -> None:
-        session, key = self.session, self.key
-        assert session is not None and key is not None
-        stats = self.totals.setdefault("pull", SyncStats())
-        while True:
-            operation, sink = session.proto.pull(
-                self.index, since, key=key, direction=Direction.PULL, batch=self.batch, continuous=self.continuous,
-                on_progress=lambda: self._progress("pull"),
-            )
-            self.sink = sink
-            sink.stats = stats
-            try:
-                await session.run(operation)
-            except PeerError as exc:
-                if exc.code != 410:
-                    raise
-                # §11 gap: repairing, reset the pull document, replay the source from the start.
-                log.info("pull from %s: %s; repairing", self.remote, exc.detail)
-                self.ledger.transition(key, LinkState.REPAIRING, reason="progress_gap", direction=Direction.PULL,
-                                       error_code="ProgressGap")
-                _, rev = self.ledger.get_checkpoint(key, Direction.PULL)
-                self.ledger.reset_checkpoint(key, Direction.PULL, rev, reason="progress_gap")
-                since = None
-                continue
-            self.peer.committer.flush()
-            if self.continuous:
-                self._go_live()
-                await session.until_closed()
-            return
-
-    def _go_live(self) -> None:
-        assert self.key is not None
-        if self.ledger.link(self.key).state != LinkState.LIVE:
-            self.ledger.transition(self.key, LinkState.LIVE, reason="caught_up")
-        self.ledger.record_success(self.key)  # healthy again: the next backoff starts short
-
-    # -- push ----------------------------------------------------------------------------------
-
-    async def _push(self, since: ProgressToken | None) -> None:
-        session, key = self.session, self.key
-        assert session is not None and key is not None and session.theirs is not None
-        since = self._push_domain(since)
-        operation, source = session.proto.push(
-            self.index, since, key=key, direction=Direction.PUSH, batch=self.batch, continuous=self.continuous,
-            suppress_origin=session.theirs.store_id, replay_until=self._replay_until,
-            on_progress=lambda: self._progress("push"),
-        )
-        self.source = source
-        self._push_op = operation
-        source.stats = self.totals.setdefault("push", SyncStats())
-        await session.run(operation)
-
-    def _push_domain(self, since: ProgressToken | None) -> ProgressToken | None:
-        """§11: a pusher whose own log changed stream or epoch resets its push document."""
-        assert self.key is not None
-        store = self.peer.store
-        if since is None or store.tenant_id(self.tenant, create=False) is None:
-            return since
-        if since.domain == store.events.stream(self.tenant):
-            return since
-        self._replay_until = 1 << 62  # a new log: replay everything, suppress nothing
-        self.ledger.transition(self.key, LinkState.REPAIRING, reason="epoch_changed", direction=Direction.PUSH)
-        _, rev = self.ledger.get_checkpoint(self.key, Direction.PUSH)
-        self.ledger.reset_checkpoint(self.key, Direction.PUSH, rev, reason="epoch_changed")
-        return None
-
-    # -- checkpoints (§4.3, §4.4) ---------------------------------------------------------------
-
-    async def _saver(self, done: trio.Event) -> None:
+    async def _saver(self, session: PeerSession, done: trio.Event) -> None:
+        """§4.4 cadence: save the pair every CHECKPOINT_INTERVAL while the round runs."""
         while not done.is_set():
             with trio.move_on_after(CHECKPOINT_INTERVAL):
                 await done.wait()
-            if not done.is_set():
-                await self._save()
+            if not done.is_set() and self.round is not None and not self.round.finishing:
+                await session.run(session.proto.save(self.round))
 
-    async def _save(self) -> None:
-        """Send the pair as the ledger holds it (only committed documents, §4.4 order)."""
-        session, key = self.session, self.key
-        assert session is not None and key is not None
-        self.peer.committer.flush()
-        pull, _ = self.ledger.get_checkpoint(key, Direction.PULL)
-        push, _ = self.ledger.get_checkpoint(key, Direction.PUSH)
-        pair = {"pull": pull.to_wire(), "push": push.to_wire()}
-        if pair == self._saved:
-            return
-        for _ in range(2):
-            try:
-                rev = await session.run(session.proto.save_checkpoint(self.index, pair, self.copy_rev))
-            except PeerError as exc:
-                if exc.code != 409 or exc.name != "CheckpointRevConflict":
-                    raise
-                # Another connection of ours wrote it (a stale rev): take the current rev, retry.
-                current = exc.body.get("rev")
-                self.copy_rev = current if isinstance(current, str) else None
-                continue
-            self.copy_rev = rev
-            self._saved = pair
-            return
-        raise PeerError(409, "CheckpointRevConflict", "the copy changed twice while saving")
-
-    async def _stop_watch(self, directions: trio.CancelScope, done: trio.Event) -> None:
-        """On ``stop``: end both directions; ``run`` then saves the pair and closes, as at the end
+    async def _stop_watch(self, session: PeerSession, stop: trio.Event, done: trio.Event) -> None:
+        """On ``stop``: the round ends its directions, saves the pair and returns, as at the end
         of a one-shot round. Ends by itself when the round does."""
-        assert self.stop is not None
-        stop = self.stop
         async with trio.open_nursery() as watch:
 
             async def round_over() -> None:
@@ -527,13 +376,9 @@ class _Round:
 
             watch.start_soon(round_over)
             await stop.wait()
-            self.stopped = True
-            directions.cancel()
-            if self.session is not None:
-                # Refuse the `rev`s still coming (the source keeps feeding until we close), so
-                # that nothing is applied after the final save: the copy matches the ledger.
-                self.session.proto.stop_feeds(PeerError(503, "Stopping", "this peer is stopping"))
-                self.session.pump()
+            if self.round is not None:
+                self.round.stop()
+                session.pump()
             watch.cancel_scope.cancel()
 
     async def _watchdog(self, done: trio.Event) -> None:
@@ -545,16 +390,17 @@ class _Round:
 
     def _progress(self, direction: Literal["pull", "push"]) -> None:
         self._activity = trio.current_time()
-        if self.on_progress is None:
+        if self.on_progress is None or self.round is None:
             return
         stats = self.totals.get(direction)
         if stats is None:
             return
+        sink, source = self.round.sink, self.round.source
         position = None
-        if direction == "pull" and self.sink is not None and self.sink.window.last is not None:
-            position = self.sink.window.last.position
-        elif direction == "push" and self.source is not None:
-            position = self.source.position
+        if direction == "pull" and sink is not None and sink.window.last is not None:
+            position = sink.window.last.position
+        elif direction == "push" and source is not None:
+            position = source.position
         moved = stats.bytes_received if direction == "pull" else stats.bytes_sent
         self.on_progress(SyncProgress(direction, stats.revs_settled + stats.items_skipped, moved, stats.items_offered,
                                       stats.latest, position))

@@ -122,20 +122,22 @@ class PeerSession:
     # -- commands -------------------------------------------------------------------------------
 
     async def run(self, operation: Operation) -> Any:
-        """Until ``operation`` ends; its result, or raise its error."""
+        """Until ``operation`` ends; its result, or raise its error. The connection ending is
+        told to the protocol at once (whatever the operation waits on fails then)."""
         self.pump()
-        while not operation.done:
-            conn = self.conn
-            if conn is not None and conn.closed and not self.proto.closed:
-                self.proto.connection_lost(conn.close_reason or "closed")
-                self.pump()
-                continue
-            done = operation.tag
-            if done is None:
-                done = operation.tag = trio.Event()
-            with trio.move_on_after(1.0):
+        if not operation.done:
+            done = operation.tag = operation.tag or trio.Event()
+            async with trio.open_nursery() as nursery:
+                if self.conn is not None:
+                    nursery.start_soon(self._watch_close, self.conn)
                 await done.wait()
+                nursery.cancel_scope.cancel()
         return operation.outcome()
+
+    async def _watch_close(self, conn: blip.Connection) -> None:
+        await conn.wait_closed()
+        self.proto.connection_lost(conn.close_reason or "closed")
+        self.pump()
 
     async def hello(self) -> None:
         """Send our hello and verify the other's proof; raises :class:`HelloFailed`."""

@@ -32,12 +32,17 @@ from __future__ import annotations
 import bisect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, Final
 
+from p2psync.dwn.encoding import compute_cid
 from p2psync.dwn.errors import DwnError
 from p2psync.replication.tokens import ProgressToken, ProgressTokenDomainMismatch
 
 __all__ = [
+    "Direction",
+    "LinkState",
+    "checkpoint_id",
     "MAX_PENDING_TOKENS",
     "MAX_UNAPPLIED_TOKENS",
     "CheckpointInvalid",
@@ -288,3 +293,34 @@ class DirectionCheckpoint:
             tokens("pendingTokens", MAX_PENDING_TOKENS),
             tokens("unappliedTokens", MAX_UNAPPLIED_TOKENS),
         )
+
+
+class Direction(StrEnum):
+    """Which way a checkpoint's messages flow: ``pull`` (remote -> local), ``push`` (local -> remote)."""
+
+    PULL = "pull"
+    PUSH = "push"
+
+
+class LinkState(StrEnum):
+    """The RFC's link states.
+
+    - ``initial``: created or resumed; catching up from its checkpoints, not yet live;
+    - ``live``: realtime stream healthy and caught up;
+    - ``degraded_poll``: realtime reconnects exhausted; polling anti-entropy, still trying;
+    - ``repairing``: a gap, a closure hard-fail or a pending overflow; repair running;
+    - ``paused``: stopped by an operator or a hard-error policy; nothing runs until resumed.
+    """
+
+    INITIAL = "initial"
+    LIVE = "live"
+    DEGRADED_POLL = "degraded_poll"
+    REPAIRING = "repairing"
+    PAUSED = "paused"
+
+
+def checkpoint_id(active_store_id: str, passive_store_id: str, scope_id: str, tenant: str) -> str:
+    """§4.2: the CID of the DAG-CBOR map of the four names of a collection copy."""
+    return compute_cid(
+        {"activeStoreId": active_store_id, "passiveStoreId": passive_store_id, "scopeId": scope_id, "tenant": tenant}
+    )

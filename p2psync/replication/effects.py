@@ -32,6 +32,13 @@ from p2psync.replication.scope import SyncScope
 from p2psync.replication.wire import PeerError
 
 __all__ = [
+    "LogDomain",
+    "RecordSuccess",
+    "Transition",
+    "ResetCheckpoint",
+    "RewindCheckpoint",
+    "ReadCheckpoint",
+    "OpenLink",
     "YIELD",
     "AnswerRefs",
     "Apply",
@@ -303,6 +310,71 @@ class WaitForLog(StoreRequest):
     """Until the local log may have grown (a local commit, or a poll interval)."""
 
     durable = True
+
+
+# --------------------------------------------------------------------------- the ledger (state/ledger.py)
+
+
+@dataclass(frozen=True, slots=True)
+class OpenLink(StoreRequest):
+    """The ledger link of (tenant, remote, scope), made when new; answers its key."""
+
+    tenant: str
+    remote: str
+    scope: SyncScope
+
+
+@dataclass(frozen=True, slots=True)
+class ReadCheckpoint(StoreRequest):
+    """One direction's checkpoint of a link: ``(DirectionCheckpoint, rev)``."""
+
+    key: Any
+    direction: Any
+
+
+@dataclass(frozen=True, slots=True)
+class RewindCheckpoint(StoreRequest):
+    """Move one direction back to the safe point ``to`` (None: the start), logged with ``reason``."""
+
+    key: Any
+    direction: Any
+    to: ProgressToken | None
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ResetCheckpoint(StoreRequest):
+    """Reset one direction to the start (after a gap or a new epoch), logged with ``reason``."""
+
+    key: Any
+    direction: Any
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Transition(StoreRequest):
+    """Move a link to ``state``; ``only_from``: only when it is in one of these states now."""
+
+    key: Any
+    state: Any
+    reason: str
+    direction: Any = None
+    error_code: str | None = None
+    only_from: tuple[Any, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RecordSuccess(StoreRequest):
+    """The link caught up: its failure count and backoff start again."""
+
+    key: Any
+
+
+@dataclass(frozen=True, slots=True)
+class LogDomain(StoreRequest):
+    """The (streamId, epoch) of ``tenant``'s log here, or None when there is no log."""
+
+    tenant: str
 
 
 Effect: TypeAlias = "Call | Notify | StoreRequest | Signal | _Yield"

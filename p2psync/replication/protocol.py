@@ -62,6 +62,7 @@ from p2psync.replication.effects import (
 )
 from p2psync.replication.hello import Hello, HelloProofInvalid, make_proof, verify_proof
 from p2psync.replication.observer import NO_OBSERVER, SyncObserver
+from p2psync.replication.round import SyncRound
 from p2psync.replication.scope import SyncScope
 from p2psync.replication.sink import Sink, durable
 from p2psync.replication.source import Source, message_entry
@@ -169,6 +170,8 @@ class ReplicationProtocol:
         self._refs = 0
         self._hello_op: Operation | None = None
         self._hello_changed = Signal(self._ready)
+        #: fired when a command ends, a feed is stopped or the connection is lost
+        self._changed = Signal(self._ready)
         self._replied = False
         self._hello_expired = False
         self.attachment_slots = Slots(MAX_ATTACHMENTS_IN_FLIGHT, self._ready)
@@ -223,6 +226,7 @@ class ReplicationProtocol:
             return
         self.closed = True
         self.close_reason = reason
+        self._changed.fire()
         lost = ConnectionLost(reason)
         for ref, task in list(self._waiting.items()):
             if task.meta.get("remote", {}).get(ref):
@@ -272,7 +276,23 @@ class ReplicationProtocol:
         """Declare one collection (``getCollections``). Result: ``(index, copy)`` where copy is
         the passive's checkpoint copy (a dict, ``{}`` for none), or raises ``404
         CollectionNotFound`` when the passive refused it."""
-        return self._command(self._open_collection(tenant, scope, checkpoint_id, grants or []), "getCollections")
+        return self._command(self.declare(tenant, scope, checkpoint_id, grants or []), "getCollections")
+
+    def sync(
+        self, *, tenant: str, scope: SyncScope, local_store_id: str, pull: bool, push: bool, continuous: bool = False,
+        batch: int = DEFAULT_BATCH, grants: list[dict[str, Any]] | None = None,
+        totals: dict[str, Any] | None = None, on_progress: Callable[[Any], None] | None = None,
+    ) -> tuple[Operation, SyncRound]:
+        """One active round for one collection after hello (:class:`SyncRound`): open it, pull
+        and/or push, save the checkpoint pair. The operation ends when every direction caught
+        up (one-shot), or after :meth:`SyncRound.stop`, or with the first direction's failure."""
+        round_ = SyncRound(self, tenant=tenant, scope=scope, local_store_id=local_store_id, pull=pull, push=push,
+                           continuous=continuous, batch=batch, grants=grants, totals=totals, on_progress=on_progress)
+        return self._command(round_.run(), "sync"), round_
+
+    def save(self, round_: SyncRound) -> Operation:
+        """Save ``round_``'s checkpoint pair on the passive now (the driver's cadence, §4.4)."""
+        return self._command(round_.save(), "save")
 
     def pull(
         self, index: int, since: ProgressToken | None, *, key: Any, direction: Any, batch: int = DEFAULT_BATCH,
@@ -308,10 +328,7 @@ class ReplicationProtocol:
 
     def save_checkpoint(self, index: int, pair: dict[str, Any], rev: str | None) -> Operation:
         """``setCheckpoint``: result the new rev; a stale rev is ``409 CheckpointRevConflict``."""
-        props = {"collection": str(index)}
-        if rev is not None:
-            props["rev"] = rev
-        return self._command(self._call_rev("setCheckpoint", props, encode_body(pair)), "setCheckpoint")
+        return self._command(self.set_checkpoint(index, pair, rev), "setCheckpoint")
 
     def get_dependencies(self, index: int, refs: list[DependencyRef]) -> Operation:
         """``getDependencies`` for ``refs``: result the raw answers (one per ref)."""
@@ -334,7 +351,41 @@ class ReplicationProtocol:
             sink.fail(error)
         for source in self.sources.values():
             source.stopping = True
+        self._changed.fire()
         self._run()
+
+    # == building blocks of commands (generators other operations run) ======================
+
+    def start_operation(self, gen: Effects, name: str) -> Operation:
+        """Run ``gen`` as an operation of its own; its handle is returned."""
+        return self._command(gen, name)
+
+    def join(self, operations: list[Operation]) -> Effects:
+        """Until every one of ``operations`` ended or one failed (as a nursery does); then
+        raise the failure that says most (a refusal before a lost connection), if any. The
+        others go on until the connection ends."""
+        while True:
+            errors = [op.error for op in operations if op.error is not None]
+            if errors or all(op.done for op in operations):
+                break
+            yield self._changed
+        for error in sorted(errors, key=lambda e: isinstance(e, ConnectionLost)):
+            raise error
+
+    def until_closed_or(self, stopped: Callable[[], bool]) -> Effects:
+        """Until the connection ends (then ``503 ConnectionLost``) or ``stopped()``."""
+        while not self.closed and not stopped():
+            yield self._changed
+        if self.closed:
+            raise ConnectionLost(self.close_reason or "closed")
+
+    def set_checkpoint(self, index: int, pair: dict[str, Any], rev: str | None) -> Effects:
+        """``setCheckpoint``; returns the new rev (a stale one is ``409 CheckpointRevConflict``)."""
+        props = {"collection": str(index)}
+        if rev is not None:
+            props["rev"] = rev
+        reply: Response = yield Call("setCheckpoint", props, encode_body(pair))
+        return reply.properties.get("rev")
 
     # == what sinks and sources use ========================================================
 
@@ -452,6 +503,7 @@ class ReplicationProtocol:
             task.handle.result = result
             task.handle.error = error
             self._out.append(OperationFinished(task.handle))
+            self._changed.fire()
         elif error is not None and not isinstance(error, PeerError):
             log.error("%s failed", task.name, exc_info=error)
         elif error is not None:
@@ -539,9 +591,8 @@ class ReplicationProtocol:
         index = int_property(properties, "collection")
         return index, self._collection_at(index)
 
-    def _open_collection(
-        self, tenant: str, scope: SyncScope, checkpoint_id: str, grants: list[dict[str, Any]]
-    ) -> Effects:
+    def declare(self, tenant: str, scope: SyncScope, checkpoint_id: str, grants: list[dict[str, Any]]) -> Effects:
+        """``getCollections`` for one collection: ``(index, copy)`` (see :meth:`open_collection`)."""
         self.collections.append(Collection(tenant, scope, checkpoint_id))
         index = len(self.collections) - 1
         coll: dict[str, Any] = {"tenant": tenant, "scope": scope.to_wire(), "checkpointId": checkpoint_id}
@@ -601,10 +652,6 @@ class ReplicationProtocol:
         # The store answers only after a durable commit (§4.3); it raises the 409 and 400.
         rev = yield WriteCopy(self.remote_did, coll.checkpoint_id, pair, properties.get("rev"))
         return SendReply(0, {"rev": rev}, b"")
-
-    def _call_rev(self, profile: str, properties: dict[str, str], body: bytes) -> Effects:
-        reply: Response = yield Call(profile, properties, body)
-        return reply.properties.get("rev")
 
     # == authorization (§5) =================================================================
 

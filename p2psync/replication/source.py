@@ -24,6 +24,7 @@ from p2psync.dwn.progress import ProgressToken
 from p2psync.replication.closure import ReplicationEntry
 from p2psync.replication.effects import (
     Call,
+    ConnectionLost,
     Notify,
     ReadDecision,
     ReadPage,
@@ -54,6 +55,9 @@ _Listed = tuple[ProgressToken, "ReplicationEntry | None", "int | None", bool]
 
 class SourceHost(Protocol):
     """What a source needs of its connection's protocol object."""
+
+    closed: bool
+    close_reason: str | None
 
     def signal(self) -> Signal: ...
 
@@ -194,7 +198,10 @@ class Source:
         return "proposeChanges" if self.pushing else "changes"
 
     def _check_still_allowed(self) -> Effects:
-        """§5: a feed that relies on a grant re-checks it every pass; a `rev` ledger failure ends it."""
+        """§5: a feed that relies on a grant re-checks it every pass; a `rev` ledger failure
+        or the end of the connection ends it."""
+        if self.host.closed:
+            raise ConnectionLost(self.host.close_reason or "closed")
         if not self.decision.everything and not (yield StillValid(self.tenant, self.decision)):
             raise PeerError(403, "SyncNotAuthorized", "the grant this feed relied on is no longer valid")
         if self.failure is not None:

@@ -12,9 +12,9 @@ import hashlib
 import uuid
 from typing import Any, Final
 
-from p2psync.dwn.encoding import compute_cid, dag_cbor_encode, json_compact
+from p2psync.dwn.encoding import dag_cbor_encode, json_compact
 from p2psync.dwn.store import Store
-from p2psync.replication.checkpoint import DirectionCheckpoint
+from p2psync.replication.checkpoint import DirectionCheckpoint, checkpoint_id
 
 __all__ = ["CheckpointCopies", "Origins", "checkpoint_id", "pair_rev", "store_id"]
 
@@ -52,13 +52,6 @@ def store_id(store: Store) -> str:
         value = str(uuid.uuid4())
         store.conn.execute("INSERT INTO peer_meta(key, value) VALUES('storeId', ?)", (value,))
         return value
-
-
-def checkpoint_id(active_store_id: str, passive_store_id: str, scope_id: str, tenant: str) -> str:
-    """§4.2: the CID of the DAG-CBOR map of the four names of a collection copy."""
-    return compute_cid(
-        {"activeStoreId": active_store_id, "passiveStoreId": passive_store_id, "scopeId": scope_id, "tenant": tenant}
-    )
 
 
 def pair_rev(generation: int, pair: dict[str, Any]) -> str:

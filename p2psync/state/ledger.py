@@ -46,7 +46,6 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from enum import StrEnum
 from pathlib import Path
 from typing import Any, Final, Literal, TypeAlias
 
@@ -56,7 +55,13 @@ from p2psync.dwn.encoding import dag_cbor_encode, json_compact
 from p2psync.dwn.errors import DwnError
 from p2psync.dwn.store import Store
 from p2psync.dwn.timeutil import datetime_from_timestamp, timestamp_from_datetime
-from p2psync.replication.checkpoint import CheckpointInvalid, CheckpointPendingOverflow, DirectionCheckpoint
+from p2psync.replication.checkpoint import (
+    CheckpointInvalid,
+    CheckpointPendingOverflow,
+    Direction,
+    DirectionCheckpoint,
+    LinkState,
+)
 from p2psync.replication.scope import SyncScope
 from p2psync.replication.tokens import ProgressToken
 from p2psync.replication.window import Step
@@ -99,30 +104,6 @@ RETRY_MAX_DELAY: Final = timedelta(minutes=5)
 
 # Ours: a DID is short; this bounds what a peer's hello can make us store per link.
 MAX_DID_CHARS: Final = 2048
-
-
-class Direction(StrEnum):
-    """Which way a checkpoint's messages flow: ``pull`` (remote -> local), ``push`` (local -> remote)."""
-
-    PULL = "pull"
-    PUSH = "push"
-
-
-class LinkState(StrEnum):
-    """The RFC's link states.
-
-    - ``initial``: created or resumed; catching up from its checkpoints, not yet live;
-    - ``live``: realtime stream healthy and caught up;
-    - ``degraded_poll``: realtime reconnects exhausted; polling anti-entropy, still trying;
-    - ``repairing``: a gap, a closure hard-fail or a pending overflow; repair running;
-    - ``paused``: stopped by an operator or a hard-error policy; nothing runs until resumed.
-    """
-
-    INITIAL = "initial"
-    LIVE = "live"
-    DEGRADED_POLL = "degraded_poll"
-    REPAIRING = "repairing"
-    PAUSED = "paused"
 
 
 #: Allowed state changes. Every running state can fail into ``repairing`` or be ``paused``;

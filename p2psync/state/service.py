@@ -68,6 +68,13 @@ class StoreService:
             fx.Apply: self._apply,
             fx.RecordSteps: self._record_steps,
             fx.FlushCommits: self._flush,
+            fx.OpenLink: lambda r: self.ledger.open_link(r.tenant, r.remote, r.scope).key,
+            fx.ReadCheckpoint: lambda r: self.ledger.get_checkpoint(r.key, r.direction),
+            fx.RewindCheckpoint: lambda r: self.ledger.rewind_checkpoint(r.key, r.direction, r.to, reason=r.reason),
+            fx.ResetCheckpoint: self._reset,
+            fx.Transition: self._transition,
+            fx.RecordSuccess: lambda r: self.ledger.record_success(r.key),
+            fx.LogDomain: self._log_domain,
         }
 
     # -- dispatch -----------------------------------------------------------------------------
@@ -227,6 +234,22 @@ class StoreService:
             self.ledger.record(request.key, request.direction, list(request.steps))
         except CheckpointPendingOverflow as exc:
             raise PeerError(409, "CheckpointPendingOverflow", str(exc)) from exc
+
+    def _reset(self, request: fx.ResetCheckpoint) -> str:
+        _, rev = self.ledger.get_checkpoint(request.key, request.direction)
+        return self.ledger.reset_checkpoint(request.key, request.direction, rev, reason=request.reason)
+
+    def _transition(self, request: fx.Transition) -> Any:
+        if request.only_from is not None and self.ledger.link(request.key).state not in request.only_from:
+            return None
+        return self.ledger.transition(request.key, request.state, reason=request.reason, direction=request.direction,
+                                      error_code=request.error_code)
+
+    def _log_domain(self, request: fx.LogDomain) -> tuple[str, str] | None:
+        if self.store.tenant_id(request.tenant, create=False) is None:
+            return None
+        stream_id, epoch = self.store.events.stream(request.tenant)
+        return stream_id, epoch
 
     def _flush(self, request: fx.FlushCommits) -> None:
         try:

@@ -21,6 +21,7 @@ from p2psync.dwn.did import Identity
 from p2psync.dwn.engine import Dwn
 from p2psync.dwn.records_write import RecordsWrite
 from p2psync.dwn.store import Store
+from p2psync.replication.checkpoint import checkpoint_id
 from p2psync.replication.effects import (
     CloseConnection,
     OperationFinished,
@@ -35,7 +36,7 @@ from p2psync.replication.protocol import ReplicationProtocol
 from p2psync.replication.scope import SyncScope
 from p2psync.replication.wire import PeerError
 from p2psync.state.committer import GroupCommitter
-from p2psync.state.copies import CheckpointCopies, checkpoint_id, store_id
+from p2psync.state.copies import CheckpointCopies, store_id
 from p2psync.state.ledger import Direction, Ledger, LinkState
 from p2psync.state.service import StoreService
 from tests.peer.support import NOTE, assert_same
@@ -235,3 +236,47 @@ def test_requests_before_hello_are_refused_and_a_bad_proof_closes(tmp_path: Path
     wire.pump()
     assert hello.done and hello.error is not None
     assert [c.reason for c in wire.closed] == ["P2PSync 401 HelloProofInvalid"]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_whole_round_both_ways_then_a_second_round_resumes(tmp_path: Path, seed: int) -> None:
+    """The active round itself (SyncRound: start points, both directions, the final save,
+    the link going live) runs in the protocol object too; a second round starts where the
+    first ended and moves nothing."""
+    laptop = make_side(tmp_path, "laptop", active=False)
+    phone = make_side(tmp_path, "phone", active=True)
+    clock = Clock()
+    write_notes(laptop.store, ALICE, 11, clock, "laptop")
+    write_notes(phone.store, ALICE, 5, clock, "phone")
+    wire = Wire(laptop, phone, random.Random(seed))
+    laptop.proto.start_hello()
+    run(wire, phone.proto.start_hello())
+
+    scope = SyncScope.global_scope()
+    totals: dict[str, Any] = {}
+    operation, round_ = phone.proto.sync(tenant=ALICE.did, scope=scope, local_store_id=store_id(phone.store),
+                                         pull=True, push=True, batch=3, totals=totals)
+    run(wire, operation)
+    assert totals["pull"].revs_applied == 11 and totals["push"].revs_applied == 5
+    ledger = phone.service.ledger
+    assert ledger.link(round_.key).state == LinkState.LIVE
+    cp_id = checkpoint_id(store_id(phone.store), store_id(laptop.store), scope.scope_id, ALICE.did)
+    stored = laptop.service.copies.get(ALICE.did, cp_id)
+    assert stored is not None and stored[1] == round_.copy_rev
+    pair = {d: ledger.get_checkpoint(round_.key, Direction(d))[0].to_wire() for d in ("pull", "push")}
+    assert stored[0] == pair
+    assert_same(laptop.store, phone.store, ALICE)
+
+    # A second connection (new protocol objects, the same stores) starts at the saved frontiers.
+    for side in (laptop, phone):
+        side.proto = ReplicationProtocol(identity=ALICE, mine=new_hello(ALICE.did, store_id(side.store), "pump"),
+                                         active=side is phone)
+    wire = Wire(laptop, phone, random.Random(seed))
+    laptop.proto.start_hello()
+    run(wire, phone.proto.start_hello())
+    second: dict[str, Any] = {}
+    again, _ = phone.proto.sync(tenant=ALICE.did, scope=scope, local_store_id=store_id(phone.store), pull=True,
+                                push=True, totals=second)
+    run(wire, again)
+    assert second["pull"].items_offered == 0 and second["push"].items_offered == 0
+    assert [t.reason for t in ledger.transitions(round_.key) if t.kind == "checkpoint_rewind"] == []
