@@ -7,17 +7,10 @@ a :class:`SyncSummary` once every direction has caught up and the checkpoints ar
 both sides; a continuous one keeps the connection, reconnecting with capped exponential
 backoff and jitter, until it is cancelled.
 
-The active side of one round (§2, §4.4, §6, §7, §11):
-
-1. ``hello``; ``getCollections`` with the collection's checkpointId, which returns the
-   passive's copy of the checkpoint pair;
-2. per direction, compare the local frontier with the copy's; on a mismatch rewind the local
-   document to the lower safe point (logged) before running;
-3. pull (``subChanges`` from the pull frontier into a :class:`Sink`) and push (our log after
-   the push frontier through a :class:`Source`) run side by side; a ``410 ProgressGap`` sends
-   the link to ``repairing``, resets the pull document and replays the source from the start;
-4. save the pair on the passive (``setCheckpoint``, MVCC ``rev``; a stale rev is re-read and
-   retried) while a direction progresses and at the end.
+One round of the active side (hello, then :class:`~p2psync.replication.round.SyncRound`:
+the collection, the start points, pull and push, the saves) is the replication protocol's;
+this module gives it a connection and its timers: the checkpoint save every
+:data:`CHECKPOINT_INTERVAL`, the stall watchdog of a one-shot round, and a graceful stop.
 """
 
 from __future__ import annotations
@@ -67,8 +60,6 @@ ONE_SHOT_ATTEMPTS: Final = 3
 #: A one-shot round that moves nothing for this long is abandoned and retried: BLIP pings keep
 #: a connection open even when the other side's replication is stuck. Ours.
 STALL_TIMEOUT: Final = 120.0
-#: How long a stopping push may take to settle its `rev`s in flight before the final save. Ours.
-STOP_GRACE: Final = 5.0
 
 Direction_ = Literal["pull", "push", "both"]
 Connector = Callable[[dict[str, Any]], AbstractAsyncContextManager[blip.Connection]]
