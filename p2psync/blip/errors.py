@@ -8,19 +8,24 @@ Three kinds, kept apart on purpose:
 - :class:`BlipError`: an ERR reply, i.e. the peer refused or failed one request. The
   connection stays usable.
 - :class:`ConnectionClosed`: the connection ended (cleanly or not) before a request finished.
+
+Each hangs in p2psync's one error tree (:mod:`p2psync.errors`): ``BlipError`` is an
+``ErrorReply``, ``ConnectionClosed`` a ``Disconnected``, ``ProtocolError`` a ``P2PSyncError``.
 """
 
 from __future__ import annotations
+
+from p2psync.errors import Disconnected, ErrorReply, P2PSyncError
 
 #: The error domain BLIP itself uses (unknown profile, handler failure, ...).
 BLIP_ERROR_DOMAIN = "BLIP"
 
 
-class ProtocolError(Exception):
+class ProtocolError(P2PSyncError):
     """The peer violated BLIP in a way that ends the connection."""
 
 
-class BlipError(Exception):
+class BlipError(ErrorReply):
     """An ERR reply: ``domain`` and ``code`` say what failed, ``message`` says it in words.
 
     Raised by :meth:`Connection.request` when the peer answers with an error, and raised by
@@ -42,7 +47,7 @@ class BlipError(Exception):
         return hash((self.domain, self.code, self.message))
 
 
-class ConnectionClosed(Exception):
+class ConnectionClosed(Disconnected):
     """The BLIP connection is closed; ``reason`` says why (one line, for a log or a user).
 
     ``close_code`` and ``close_text`` are the WebSocket close code and reason text the

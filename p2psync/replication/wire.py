@@ -13,6 +13,7 @@ from typing import Any, Final, NoReturn
 import cbor2
 
 from p2psync.dwn.encoding import dag_cbor_encode
+from p2psync.errors import P2PSYNC_DOMAIN, Refusal
 
 __all__ = [
     "APP_ID",
@@ -30,7 +31,7 @@ __all__ = [
 APP_ID: Final = "P2PSync_1"
 SUBPROTOCOL: Final = "BLIP_3+" + APP_ID
 #: The error domain of this page's refusals (§13).
-ERROR_DOMAIN: Final = "P2PSync"
+ERROR_DOMAIN: Final = P2PSYNC_DOMAIN
 #: The profile version carried in ``hello`` (§15).
 PROFILE_VERSION: Final = 1
 #: Data up to this size travels inline (§8.1: the reference DWN's maxDataSizeAllowedToBeEncoded).
@@ -64,15 +65,10 @@ DEFAULT_MAX_DATA: Final = 100 * 1024 * 1024
 _DECIMAL_RE = re.compile(r"0|[1-9][0-9]*")
 
 
-class PeerError(Exception):
-    """A refusal of the ``P2PSync`` domain we received (or raise locally): code, name, body."""
-
-    def __init__(self, code: int, name: str, detail: str = "", body: dict[str, Any] | None = None) -> None:
-        self.code = code
-        self.name = name
-        self.detail = detail
-        self.body = body or {"code": name, "detail": detail}
-        super().__init__(f"P2PSync {code} {name}: {detail}" if detail else f"P2PSync {code} {name}")
+#: A refusal of the ``P2PSync`` domain we received (or raise locally): code, name, detail, body.
+#: The refusal class of the one error tree (:class:`p2psync.errors.Refusal`), under its
+#: protocol name.
+PeerError = Refusal
 
 
 def refuse(code: int, name: str, detail: str = "", **extra: Any) -> NoReturn:

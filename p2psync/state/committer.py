@@ -29,6 +29,7 @@ import apsw
 import trio
 
 from p2psync.dwn.store import Store
+from p2psync.errors import LocalFailure, Refusal
 
 __all__ = ["MAX_BATCH_WRITES", "GroupCommitter", "StoreUnavailable"]
 
@@ -44,8 +45,12 @@ MAX_BATCH_WRITES: Final = 64
 _IDLE_ROUNDS: Final = 3
 
 
-class StoreUnavailable(Exception):
-    """The commit that held a write failed; the write is not in the store."""
+class StoreUnavailable(LocalFailure):
+    """The commit that held a write failed; the write is not in the store. A peer is told
+    ``503 StoreUnavailable`` (:meth:`as_refusal`, §13)."""
+
+    def as_refusal(self) -> Refusal:
+        return Refusal(503, "StoreUnavailable", str(self))
 
 
 class _Batch:

@@ -14,6 +14,7 @@ from typing import Any, Final
 
 from p2psync.dwn.encoding import dag_cbor_encode, json_compact
 from p2psync.dwn.store import Store
+from p2psync.errors import CheckpointRevConflict
 from p2psync.replication.checkpoint import DirectionCheckpoint, checkpoint_id
 
 __all__ = ["CheckpointCopies", "Origins", "checkpoint_id", "pair_rev", "store_id"]
@@ -59,12 +60,9 @@ def pair_rev(generation: int, pair: dict[str, Any]) -> str:
     return f"{generation}-{hashlib.sha256(dag_cbor_encode(pair)).hexdigest()[:32]}"
 
 
-class CopyRevConflict(Exception):
-    """``setCheckpoint`` with a rev that is not the stored one; ``current`` is the stored rev."""
-
-    def __init__(self, current: str | None) -> None:
-        self.current = current
-        super().__init__(f"current rev is {current}")
+#: ``setCheckpoint`` with a rev that is not the stored one (``current`` is the stored rev): the
+#: very refusal the peer answers with (§4.3), under the name the peer layer still catches.
+CopyRevConflict = CheckpointRevConflict
 
 
 class CheckpointCopies:
@@ -98,7 +96,7 @@ class CheckpointCopies:
             ).fetchone()
             current = None if row is None else str(row[1])
             if rev != current:
-                raise CopyRevConflict(current)
+                raise CheckpointRevConflict(current)
             generation = 1 if row is None else int(row[0]) + 1
             new_rev = pair_rev(generation, canonical)
             self.store.conn.execute(
