@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
 import sys
 import time
@@ -21,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 import trio
 
+from p2psync import errors
 from p2psync.dwn.did import Identity
 from p2psync.dwn.errors import DwnError
 from p2psync.dwn.store import Store
@@ -86,55 +86,15 @@ def human_bytes(n: float) -> str:
     raise AssertionError("unreachable")
 
 
-def _leaf(exc: BaseException) -> BaseException:
-    """The one meaningful exception inside (possibly nested) exception groups."""
-    while isinstance(exc, BaseExceptionGroup):
-        inner = [e for e in exc.exceptions if not isinstance(e, trio.Cancelled)] or list(exc.exceptions)
-        exc = inner[0]
-    return exc
-
-
-def _os_reason(exc: OSError) -> str:
-    """'Connection refused' rather than trio's 'all attempts to connect to … failed'."""
-    cause = exc.__cause__
-    if isinstance(cause, BaseExceptionGroup):
-        for inner in cause.exceptions:
-            if isinstance(inner, OSError) and inner.errno is not None:
-                # trio's strerror repeats the address ("Error connecting to ('h', p): …"),
-                # which the URL already gives; the OS's own words are enough.
-                return os.strerror(inner.errno)
-            if isinstance(inner, OSError) and inner.strerror:
-                return inner.strerror
-    return exc.strerror or str(exc)
-
-
 def describe_failure(exc: BaseException, url: str) -> str | None:
-    """The one line for a sync failure, or None when ``exc`` is not one we explain."""
-    from p2psync import blip
+    """The one line for a sync failure, or None when ``exc`` is not one we explain
+    (:func:`p2psync.errors.describe`)."""
     from p2psync.peer.session import HelloFailed
-    from p2psync.replication.wire import PeerError
 
-    exc = _leaf(exc)
-    if isinstance(exc, PeerError) and exc.name == "ConnectionLost":
-        # Raised on our side when the connection drops mid-round (the peer stopped, the
-        # network went away): nothing refused us, so do not say "refused".
-        return f"lost the connection to {url}: {exc.detail}"
-    if isinstance(exc, PeerError):
-        text = f"{url} refused: {exc.code} {exc.name}"
-        return f"{text}: {exc.detail}" if exc.detail else text
-    if isinstance(exc, HelloFailed):
-        return f"hello with {url} failed: {exc}"
-    if isinstance(exc, blip.BlipError):
-        return f"{url} answered an error: {exc}"
-    if isinstance(exc, blip.ConnectionClosed):
-        return f"the connection to {url} closed: {exc.reason}"
-    if isinstance(exc, trio.TooSlowError):
-        return f"{url} did not answer in time"
-    if isinstance(exc, OSError):
-        return f"cannot connect to {url}: {_os_reason(exc)}"
-    if isinstance(exc, DwnError):
-        return str(exc)
-    return None
+    exc = errors.leaf(exc)
+    if isinstance(exc, HelloFailed):  # outside the error tree until it is a HandshakeFailed
+        exc = errors.HandshakeFailed(str(exc))
+    return errors.describe(exc, url)
 
 
 def scope_of(protocol: str | None) -> SyncScope:
@@ -273,7 +233,7 @@ def run_serve(
     try:
         stopped = trio.run(main)
     except BaseExceptionGroup as group:
-        raise _leaf(group) from None
+        raise errors.leaf(group) from None
     name = signal.Signals(stopped[0]).name if stopped else "end"
     if node.stopped_links:
         print(f"checkpoints saved for {node.stopped_links} link(s)", file=stream, flush=True)

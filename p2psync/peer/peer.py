@@ -29,6 +29,7 @@ from p2psync import blip
 from p2psync.dwn.did import Identity
 from p2psync.dwn.engine import Dwn
 from p2psync.dwn.store import Store
+from p2psync.errors import error_name, is_retryable
 from p2psync.peer.repair import RepairProgress, RepairSummary, WantedMessage, fetch_messages
 from p2psync.peer.session import PeerSession
 from p2psync.replication.hello import new_hello
@@ -252,17 +253,11 @@ class Peer:
 
 
 def _retryable(exc: BaseException) -> bool:
-    if isinstance(exc, blip.ConnectionClosed | OSError):
-        return True
-    if isinstance(exc, PeerError):
-        return exc.code in (409, 424, 503) and exc.name not in ("RoleMismatch", "FeedActive") or exc.code == 410
-    return False
+    return is_retryable(exc)
 
 
 def _error_name(exc: BaseException) -> str:
-    if isinstance(exc, PeerError):
-        return f"{exc.code} {exc.name}"
-    return type(exc).__name__
+    return error_name(exc)
 
 
 class _Round:
