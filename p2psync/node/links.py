@@ -24,9 +24,11 @@ from p2psync.node.config import Direction, StaticPeer, TenantConfig
 from p2psync.node.discovery_api import AUTO_CAPABILITY, PeerSeenLike
 from p2psync.replication.scope import SyncScope
 
-__all__ = ["LinkKey", "LinkSpec", "plan_links"]
+__all__ = ["LinkSpec", "NodeLinkKey", "plan_links"]
 
-LinkKey = tuple[str, str, str]  # (remote node, tenant, scopeId)
+#: (remote node, tenant, scopeId): a node link's key (the ledger's LinkKey names the remote by
+#: its DID instead, p2psync.state.ledger).
+NodeLinkKey = tuple[str, str, str]
 
 
 @dataclass(frozen=True)
@@ -46,7 +48,7 @@ class LinkSpec:
     label: str  # the peer's advertised name or the URL, for logs and `peers`
 
     @property
-    def key(self) -> LinkKey:
+    def key(self) -> NodeLinkKey:
         return (self.remote, self.tenant, self.scope.scope_id)
 
 
@@ -67,7 +69,7 @@ def plan_links(
     auto: bool,
     static_sids: Set[str] = frozenset(),
     dialing_us: Mapping[str, Set[tuple[str, str]]] | None = None,
-) -> dict[LinkKey, LinkSpec]:
+) -> dict[NodeLinkKey, LinkSpec]:
     """The links the node should run now (see the module doc for the rules).
 
     ``tenants`` have their DIDs resolved; ``static_sids``: store ids reached by static links;
@@ -75,7 +77,7 @@ def plan_links(
     """
     tenants = list(tenants)
     dialing_us = dialing_us or {}
-    out: dict[LinkKey, LinkSpec] = {}
+    out: dict[NodeLinkKey, LinkSpec] = {}
     for peer in static_peers:
         for tenant in tenants:
             assert tenant.did is not None

@@ -34,19 +34,20 @@ from typing import Any, Final
 
 import trio
 
-from p2psync import blip
+from p2psync import blip, errors
 from p2psync.dwn.did import Identity
 from p2psync.dwn.store import Store
 from p2psync.node.config import NodeConfig, TenantConfig
 from p2psync.node.discovery_api import AUTO_CAPABILITY, AdvertInfo, DiscoveryFactory, DiscoveryLike, PeerSeenLike
-from p2psync.node.links import LinkKey, LinkSpec, plan_links
+from p2psync.node.links import LinkSpec, NodeLinkKey, plan_links
 from p2psync.node.metrics import NodeMetrics, scope_label, serve_metrics
 from p2psync.peer.peer import Peer
+from p2psync.peer.session import HelloFailed
 from p2psync.replication.wire import APP_ID
 from p2psync.state.committer import StoreUnavailable
 from p2psync.state.ledger import retry_delay
 
-__all__ = ["GONE_GRACE", "LINK_RETRY_CAP", "SHUTDOWN_GRACE", "Link", "Node", "NodeError", "peer_json"]
+__all__ = ["GONE_GRACE", "LINK_RETRY_CAP", "SHUTDOWN_GRACE", "Node", "NodeError", "NodeLink", "peer_json"]
 
 log = logging.getLogger("p2psync.node")
 
@@ -71,7 +72,7 @@ LINK_RETRY_CAP: Final = retry_delay(1_000).total_seconds()
 STATUS_INTERVAL: Final = 1.0
 
 
-class NodeError(Exception):
+class NodeError(errors.LocalFailure):
     """The node cannot start (``code``: ``ListenFailed``, ``MetricsListenFailed``); one line."""
 
     def __init__(self, code: str, detail: str) -> None:
@@ -81,8 +82,10 @@ class NodeError(Exception):
 
 
 @dataclass(eq=False)
-class Link:
-    """A running link: its spec, the connection of its current round, and its failures."""
+class NodeLink:
+    """A link the node supervises: its spec, the connection of its current round, and its
+    failures. (The ledger's :class:`~p2psync.state.ledger.Link` is the replication state of
+    the same link: its row, by tenant, remote DID and scope.)"""
 
     spec: LinkSpec
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
@@ -144,13 +147,13 @@ class Node:
         self.url: str | None = None
         self.metrics_port: int | None = None
         self.discovery: DiscoveryLike | None = None
-        self.links: dict[LinkKey, Link] = {}
+        self.links: dict[NodeLinkKey, NodeLink] = {}
         self.seen: dict[str, _Seen] = {}
         self.static_sids: dict[str, str] = {}  # url -> store id learned from hello
         self.stopped_links = 0  # links that ended their round with checkpoints saved, at stop
         self._stop = trio.Event()
         self._wake = trio.Event()
-        self._retiring: set[Link] = set()
+        self._retiring: set[NodeLink] = set()
         self._link_nursery: trio.Nursery | None = None
         self._server_scope = trio.CancelScope()
         self._served = trio.Event()
@@ -356,25 +359,41 @@ class Node:
         """Start the links wanted and not running; retire those running and no longer wanted."""
         if self._stop.is_set():
             return  # stopping: the links are being ended, none may start
+        self._forget_gone_peers()
+        for link in self.links.values():
+            self._learn_from_round(link)
+        wanted = plan_links(
+            self.tenants, self.config.peers, [s.peer for s in self.seen.values()], own_sid=self.store_id,
+            auto=self.config.auto, static_sids=frozenset(self.static_sids.values()), dialing_us=self._dialing_us(),
+        )
+        self._retire_unwanted(wanted)
+        for key, spec in wanted.items():
+            if key not in self.links:
+                self._start_link(spec)
+
+    def _forget_gone_peers(self) -> None:
+        """Drop the discovered peers whose grace after leaving is over (their links go next)."""
         now = trio.current_time()
         for sid, seen in list(self.seen.items()):
             if seen.gone_at is not None and now >= seen.gone_at + self.gone_grace:
                 del self.seen[sid]
                 self._status_dirty = True
-        for link in self.links.values():
-            if link.conn is None:
-                continue
-            session = self.peer.session_for(link.conn, active=True)
-            if link.spec.origin == "static" and link.remote_sid is None and session.theirs is not None:
-                link.remote_sid = self.static_sids[link.spec.url] = session.theirs.store_id
-            feeds = [s.caught_up for s in session.sinks.values()] + [s.caught_up for s in session.sources.values()]
-            if link.failures and any(feeds):
-                link.failures = 0  # healthy again: a round caught up
-                self._status_dirty = True
-        wanted = plan_links(
-            self.tenants, self.config.peers, [s.peer for s in self.seen.values()], own_sid=self.store_id,
-            auto=self.config.auto, static_sids=frozenset(self.static_sids.values()), dialing_us=self._dialing_us(),
-        )
+
+    def _learn_from_round(self, link: NodeLink) -> None:
+        """What ``link``'s connected round tells: a static peer's store id (from its hello), and
+        that the link is healthy again once a feed caught up (its failures start over)."""
+        if link.conn is None:
+            return
+        session = self.peer.session_for(link.conn, active=True)
+        if link.spec.origin == "static" and link.remote_sid is None and session.theirs is not None:
+            link.remote_sid = self.static_sids[link.spec.url] = session.theirs.store_id
+        feeds = [s.caught_up for s in session.sinks.values()] + [s.caught_up for s in session.sources.values()]
+        if link.failures and any(feeds):
+            link.failures = 0  # healthy again: a round caught up
+            self._status_dirty = True
+
+    def _retire_unwanted(self, wanted: dict[NodeLinkKey, LinkSpec]) -> None:
+        """Retire the running links ``wanted`` no longer holds, or holds with another URL or way."""
         for key, link in list(self.links.items()):
             spec = wanted.get(key)
             if spec is None or spec.url != link.spec.url or spec.direction != link.spec.direction:
@@ -382,20 +401,17 @@ class Node:
                          scope_label(link.spec.scope))
                 del self.links[key]
                 self._retire(link, self.shutdown_grace)
-        for key, spec in wanted.items():
-            if key not in self.links:
-                self._start_link(spec)
 
     def _start_link(self, spec: LinkSpec) -> None:
         assert self._link_nursery is not None
-        link = self.links[spec.key] = Link(spec)
+        link = self.links[spec.key] = NodeLink(spec)
         if spec.origin == "discovered":
             link.remote_sid = spec.remote.removeprefix("sid:")
         log.info("link to %s for %s (%s, %s)", spec.label, spec.tenant, scope_label(spec.scope), spec.direction)
-        self._link_nursery.start_soon(self._run_link, link)
+        self._link_nursery.start_soon(self._supervise, link)
         self._status_dirty = True
 
-    def _retire(self, link: Link, grace: float) -> None:
+    def _retire(self, link: NodeLink, grace: float) -> None:
         """End ``link``: a connected one saves its checkpoints first (up to ``grace`` s)."""
         assert self._link_nursery is not None
         self._status_dirty = True
@@ -406,8 +422,41 @@ class Node:
         self._retiring.add(link)
         self._link_nursery.start_soon(_cancel_after, link, grace)
 
+    # -- supervising one link: rounds, failures, backoff ------------------------------------------
+
+    async def _supervise(self, link: NodeLink) -> None:
+        """Run ``link`` until it is stopped or retired: a round (:meth:`_run_round`); when the
+        round gives up, record why and wait out the node's backoff, then a new round."""
+        try:
+            with link.scope:
+                while not link.stop.is_set():
+                    failure = await self._run_round(link)
+                    if failure is None:
+                        self._round_ended(link)
+                        return
+                    if link.stop.is_set():
+                        return  # ended because we stop it: no failure
+                    self._record_failure(link, failure)
+                    await self._back_off(link, failure)
+        finally:
+            self._link_ended(link)
+
+    async def _run_round(self, link: NodeLink) -> Exception | None:
+        """One continuous sync of ``link``; the peer reconnects by itself (with its own backoff)
+        while what fails is retryable. Returns what it gave up on, or None when it ended at
+        ``link.stop`` with the checkpoint pair saved."""
+        spec = link.spec
+        try:
+            await self.peer.sync(
+                lambda handlers: self._connect(link, handlers), tenant=spec.tenant, scope=spec.scope,
+                direction=spec.direction, continuous=True, stop=link.stop,
+            )
+        except Exception as exc:  # a link recovers by itself; the node goes on
+            return exc
+        return None
+
     @asynccontextmanager
-    async def _connect(self, link: Link, handlers: dict[str, Any]) -> AsyncIterator[blip.Connection]:
+    async def _connect(self, link: NodeLink, handlers: dict[str, Any]) -> AsyncIterator[blip.Connection]:
         """``blip.connect`` that tells the node which connection a link's round runs on, and
         sees every attempt's failure (the peer's reconnect loop retries most by itself)."""
         try:
@@ -421,18 +470,16 @@ class Node:
                     self._status_dirty = True
         except Exception as exc:
             if not link.stop.is_set():  # a connection ending while we stop is no failure
-                self._note_failure(link, exc)
+                self._record_failure(link, exc)
             raise
 
-    def _note_failure(self, link: Link, exc: BaseException) -> None:
+    def _record_failure(self, link: NodeLink, exc: BaseException) -> None:
         """Count one failed attempt of ``link`` and keep its one-line reason (logged when new)."""
-        from p2psync.cli_sync import describe_failure
-
         if exc is link.last_exc:
             return  # seen on its way out of the connection already
         link.last_exc = exc
         link.failures += 1
-        line = describe_failure(exc, link.spec.url)
+        line = _failure_line(exc, link.spec.url)
         if line is None:
             log.error("link to %s failed unexpectedly", link.spec.label, exc_info=exc)
             line = f"{type(exc).__name__}: {exc}"
@@ -441,34 +488,30 @@ class Node:
         link.last_error = line
         self._status_dirty = True
 
-    async def _run_link(self, link: Link) -> None:
-        spec = link.spec
-        try:
-            with link.scope:
-                while not link.stop.is_set():
-                    try:
-                        await self.peer.sync(
-                            lambda handlers: self._connect(link, handlers), tenant=spec.tenant, scope=spec.scope,
-                            direction=spec.direction, continuous=True, stop=link.stop,
-                        )
-                        if self._stop.is_set():
-                            self.stopped_links += 1  # ended its round with the pair saved
-                        return
-                    except Exception as exc:  # a link recovers by itself; the node goes on
-                        if link.stop.is_set():
-                            return
-                        await self._link_failed(link, exc)
-        finally:
-            link.done.set()
-            self._retiring.discard(link)
-
-    async def _link_failed(self, link: Link, exc: Exception) -> None:
-        """The peer's sync gave up (a refusal, a failed hello): wait, then the link starts over."""
-        self._note_failure(link, exc)
+    def _backoff_delay(self, link: NodeLink) -> float:
+        """The node's wait before ``link``'s next round: the ledger's schedule by the link's
+        failures, capped at :data:`LINK_RETRY_CAP`, with equal jitter (as the peer's own)."""
         delay = min(retry_delay(link.failures).total_seconds(), LINK_RETRY_CAP)
-        delay *= 0.5 + self._rng.random() / 2  # equal jitter, as the peer's own backoff
-        log.info("link to %s: retrying in %.0f s", link.spec.label, delay)
+        return delay * (0.5 + self._rng.random() / 2)
+
+    async def _back_off(self, link: NodeLink, failure: Exception) -> None:
+        """Wait before a new round of ``link``. The peer's sync retries what
+        :func:`p2psync.errors.disposition` calls retryable by itself, so what ends a round is
+        terminal for it (a refusal, a failed hello): a grant, a policy or the peer must change
+        first, and the node looks again on its own schedule."""
+        delay = self._backoff_delay(link)
+        log.info("link to %s: %s failure; retrying in %.0f s", link.spec.label, errors.disposition(failure).value,
+                 delay)
         await trio.sleep(delay)
+
+    def _round_ended(self, link: NodeLink) -> None:
+        """``link``'s round ended at its stop with the pair saved on both sides."""
+        if self._stop.is_set():
+            self.stopped_links += 1
+
+    def _link_ended(self, link: NodeLink) -> None:
+        link.done.set()
+        self._retiring.discard(link)
 
     # -- stop -------------------------------------------------------------------------------------
 
@@ -527,6 +570,15 @@ class Node:
         }
 
 
+def _failure_line(exc: BaseException, url: str) -> str | None:
+    """:func:`p2psync.errors.describe`, with the peer's ``HelloFailed`` read as the tree's
+    ``HandshakeFailed`` (it is outside the tree until p2psync.peer.session makes it one)."""
+    exc = errors.leaf(exc)
+    if isinstance(exc, HelloFailed):
+        exc = errors.HandshakeFailed(str(exc))
+    return errors.describe(exc, url)
+
+
 def _listed(peers: Any) -> list[PeerSeenLike]:
     """``Discovery.peers()`` as a list (a table by name is accepted too)."""
     return list(peers.values() if isinstance(peers, dict) else peers)
@@ -561,7 +613,7 @@ async def _hold_nursery(*, task_status: trio.TaskStatus[trio.Nursery] = trio.TAS
         await trio.sleep_forever()
 
 
-async def _cancel_after(link: Link, grace: float) -> None:
+async def _cancel_after(link: NodeLink, grace: float) -> None:
     with trio.move_on_after(grace):
         await link.done.wait()
     link.scope.cancel()
