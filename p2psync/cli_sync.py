@@ -89,12 +89,7 @@ def human_bytes(n: float) -> str:
 def describe_failure(exc: BaseException, url: str) -> str | None:
     """The one line for a sync failure, or None when ``exc`` is not one we explain
     (:func:`p2psync.errors.describe`)."""
-    from p2psync.peer.session import HelloFailed
-
-    exc = errors.leaf(exc)
-    if isinstance(exc, HelloFailed):  # outside the error tree until it is a HandshakeFailed
-        exc = errors.HandshakeFailed(str(exc))
-    return errors.describe(exc, url)
+    return errors.describe(errors.leaf(exc), url)
 
 
 def scope_of(protocol: str | None) -> SyncScope:

@@ -42,7 +42,6 @@ from p2psync.node.discovery_api import AUTO_CAPABILITY, AdvertInfo, DiscoveryFac
 from p2psync.node.links import LinkSpec, NodeLinkKey, plan_links
 from p2psync.node.metrics import NodeMetrics, scope_label, serve_metrics
 from p2psync.peer.peer import Peer
-from p2psync.peer.session import HelloFailed
 from p2psync.replication.wire import APP_ID
 from p2psync.state.committer import StoreUnavailable
 from p2psync.state.ledger import retry_delay
@@ -571,12 +570,8 @@ class Node:
 
 
 def _failure_line(exc: BaseException, url: str) -> str | None:
-    """:func:`p2psync.errors.describe`, with the peer's ``HelloFailed`` read as the tree's
-    ``HandshakeFailed`` (it is outside the tree until p2psync.peer.session makes it one)."""
-    exc = errors.leaf(exc)
-    if isinstance(exc, HelloFailed):
-        exc = errors.HandshakeFailed(str(exc))
-    return errors.describe(exc, url)
+    """:func:`p2psync.errors.describe` of the leaf of ``exc``."""
+    return errors.describe(errors.leaf(exc), url)
 
 
 def _listed(peers: Any) -> list[PeerSeenLike]:

@@ -25,7 +25,7 @@ from typing import Any, Final, Literal
 
 import trio
 
-from p2psync import blip
+from p2psync import blip, errors
 from p2psync.dwn.did import Identity
 from p2psync.dwn.engine import Dwn
 from p2psync.dwn.store import Store
@@ -202,7 +202,7 @@ class Peer:
         instead of retrying. A sync waiting out its backoff does not watch it (cancel that one).
         """
         if direction not in ("pull", "push", "both"):
-            raise ValueError("direction must be pull, push or both")
+            raise errors.LocalMisuse("direction must be pull, push or both")
         scope = scope or SyncScope.global_scope()
         connect = self._connector(target)
         started = time.monotonic()
@@ -216,9 +216,9 @@ class Peer:
             try:
                 summary = await round_.run()
             except (PeerError, blip.ConnectionClosed, OSError) as exc:
-                retryable = _retryable(exc)
+                retryable = is_retryable(exc)
                 if round_.key is not None:
-                    self.ledger.record_failure(round_.key, _error_name(exc))
+                    self.ledger.record_failure(round_.key, error_name(exc))
                 stopping = stop is not None and stop.is_set()
                 if not retryable or (not continuous and attempt >= ONE_SHOT_ATTEMPTS) or stopping:
                     raise
@@ -250,14 +250,6 @@ class Peer:
         plan rows. Returns a :class:`RepairSummary` with one outcome per distinct CID."""
         return await fetch_messages(self, self._connector(target), tenant=tenant, cids=cids, scope=scope,
                                     on_progress=on_progress)
-
-
-def _retryable(exc: BaseException) -> bool:
-    return is_retryable(exc)
-
-
-def _error_name(exc: BaseException) -> str:
-    return error_name(exc)
 
 
 class _Round:

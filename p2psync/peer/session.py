@@ -62,7 +62,8 @@ def to_blip(error: PeerError) -> blip.BlipError:
 
 
 def from_blip(exc: blip.BlipError) -> PeerError:
-    """An ERR we received as a refusal (a ``P2PSync`` one keeps its name, others ``BLIP<code>``)."""
+    """An ERR we received as a refusal (a ``P2PSync`` one keeps its name and is read into its own
+    class, e.g. :class:`~p2psync.errors.CheckpointRevConflict`; others are ``BLIP<code>``)."""
     if exc.domain != ERROR_DOMAIN:
         return PeerError(exc.code, f"BLIP{exc.code}", exc.message)
     try:
@@ -73,7 +74,7 @@ def from_blip(exc: blip.BlipError) -> PeerError:
         body = {}
     name = body.get("code") if isinstance(body.get("code"), str) else "Unknown"
     detail = body.get("detail") if isinstance(body.get("detail"), str) else exc.message
-    return PeerError(exc.code, str(name), str(detail), body)
+    return PeerError.read(exc.code, str(name), str(detail), body)
 
 
 class PeerSession:
@@ -216,7 +217,7 @@ class PeerSession:
             else:
                 value = await committer.write(self.service.writer(request))
         except StoreUnavailable as exc:
-            self.proto.store_failed(call.ref, PeerError(503, "StoreUnavailable", str(exc)))
+            self.proto.store_failed(call.ref, exc.as_refusal())
         except Exception as exc:
             self.proto.store_failed(call.ref, exc)
         else:

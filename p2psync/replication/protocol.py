@@ -31,6 +31,7 @@ from p2psync.dwn.did import Identity
 from p2psync.dwn.errors import DwnError
 from p2psync.dwn.progress import ProgressToken
 from p2psync.dwn.replication_types import DependencyRef, ReplicationWireError, ref_from_json
+from p2psync.errors import HandshakeFailed, LocalMisuse
 from p2psync.replication.closure import ReplicationEntry
 from p2psync.replication.effects import (
     YIELD,
@@ -120,7 +121,7 @@ MAX_GRANTS: Final = 8
 Effects = Generator[Any, Any, Any]
 
 
-class HelloFailed(Exception):
+class HelloFailed(HandshakeFailed):
     """Our side of hello failed (a bad proof, a timeout, a refused hello); the connection closes."""
 
 
@@ -479,7 +480,7 @@ class ReplicationProtocol:
         elif effect is YIELD:
             self._ready.append((task, None, None))
         else:  # pragma: no cover - a bug in an operation
-            self._ready.append((task, None, TypeError(f"{task.name} yielded {effect!r}")))
+            self._ready.append((task, None, LocalMisuse(f"{task.name} yielded {effect!r}")))
 
     def _park(self, task: Pending) -> int:
         self._refs += 1
@@ -497,7 +498,7 @@ class ReplicationProtocol:
                 result.rid = task.rid
                 self._out.append(result)
             elif result is not None:  # pragma: no cover - handlers return a reply or None
-                raise TypeError(f"{task.name} returned {result!r}")
+                raise LocalMisuse(f"{task.name} returned {result!r}")
         elif task.handle is not None:
             task.handle.done = True
             task.handle.result = result

@@ -25,6 +25,7 @@ from collections.abc import Callable, Generator
 from typing import Any, Final, Literal, Protocol
 
 from p2psync.dwn.progress import ProgressToken
+from p2psync.errors import CheckpointRevConflict
 from p2psync.replication.checkpoint import Direction, DirectionCheckpoint, LinkState, checkpoint_id
 from p2psync.replication.effects import (
     Collection,
@@ -259,17 +260,14 @@ class SyncRound:
         for _ in range(SAVE_ATTEMPTS):
             try:
                 rev = yield from self.proto.set_checkpoint(self.index, pair, self.copy_rev)
-            except PeerError as exc:
-                if exc.code != 409 or exc.name != "CheckpointRevConflict":
-                    raise
+            except CheckpointRevConflict as exc:
                 # Another connection of ours wrote it (a stale rev): take the current rev, retry.
-                current = exc.body.get("rev")
-                self.copy_rev = current if isinstance(current, str) else None
+                self.copy_rev = exc.current
                 continue
             self.copy_rev = rev
             self._saved = pair
             return
-        raise PeerError(409, "CheckpointRevConflict", "the copy changed twice while saving")
+        raise CheckpointRevConflict(self.copy_rev, "the copy changed twice while saving")
 
     def _progress(self, direction: Literal["pull", "push"]) -> None:
         if self.on_progress is not None:

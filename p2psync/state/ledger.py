@@ -47,10 +47,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Final, Literal, TypeAlias
+from typing import Any, ClassVar, Final, Literal, TypeAlias
 
 import apsw
 
+from p2psync import errors
 from p2psync.dwn.encoding import dag_cbor_encode, json_compact
 from p2psync.dwn.errors import DwnError
 from p2psync.dwn.store import Store
@@ -145,12 +146,14 @@ class CheckpointRevInvalid(DwnError):
         super().__init__("CheckpointRevInvalid", f"{rev!r} is not a checkpoint rev", 400)
 
 
-class CheckpointRevConflict(DwnError):
-    """The rev given is not the stored one: re-read (``get_checkpoint``) and retry."""
+class CheckpointRevConflict(errors.CheckpointRevConflict):
+    """The rev given is not the stored one: re-read (``get_checkpoint``) and retry. The same
+    409 refusal as a stale ``setCheckpoint`` (one class for every checkpoint rev conflict)."""
+
+    status: ClassVar[int] = 409  # as a DwnError's would read
 
     def __init__(self, given: str | None, current: str | None) -> None:
-        super().__init__("CheckpointRevConflict", f"rev {given} is stale; the checkpoint is at {current}", 409)
-        self.current = current
+        super().__init__(current, f"rev {given} is stale; the checkpoint is at {current}")
 
 
 class CheckpointRegression(DwnError):

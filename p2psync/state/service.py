@@ -22,12 +22,13 @@ from p2psync.dwn.errors import DwnError
 from p2psync.dwn.progress import ProgressToken
 from p2psync.dwn.replication_types import ReplicationApplyResult
 from p2psync.dwn.store import Store
+from p2psync.errors import CheckpointRevConflict, LocalMisuse
 from p2psync.replication import effects as fx
 from p2psync.replication.checkpoint import CheckpointPendingOverflow
 from p2psync.replication.wire import PeerError
 from p2psync.state.authz import ReadAuthorizer
 from p2psync.state.committer import GroupCommitter, StoreUnavailable
-from p2psync.state.copies import CheckpointCopies, CopyRevConflict, Origins
+from p2psync.state.copies import CheckpointCopies, Origins
 from p2psync.state.ledger import Ledger
 from p2psync.state.local import LocalStoreFetcher
 from p2psync.state.log import check_token
@@ -97,7 +98,7 @@ class StoreService:
             self.committer.flush()
             return result
         except StoreUnavailable as exc:
-            raise PeerError(503, "StoreUnavailable", str(exc)) from exc
+            raise exc.as_refusal() from exc
 
     def record_at_commit(self, request: fx.RecordSteps, failed: Callable[[int, PeerError], None]) -> None:
         """Give the ledger ``request``'s steps just before the open batch commits; an overflow
@@ -119,16 +120,13 @@ class StoreService:
             return lambda: self._write_copy(request)
         if isinstance(request, fx.ApplyGrant):
             return lambda: self.dwn.apply_replicated_message(request.tenant, request.message, request.data)
-        raise TypeError(f"not a durable write: {request!r}")
+        raise LocalMisuse(f"not a durable write: {request!r}")
 
     def _write_copy(self, request: fx.WriteCopy) -> str:
         try:
             return self.copies.set(request.peer_did, request.checkpoint_id, request.pair, request.rev)
-        except CopyRevConflict as exc:
-            body: dict[str, Any] = {"code": "CheckpointRevConflict", "detail": "rev is not the stored one"}
-            if exc.current is not None:
-                body["rev"] = exc.current
-            raise PeerError(409, "CheckpointRevConflict", "rev is not the stored one", body) from exc
+        except CheckpointRevConflict:
+            raise  # already the 409 refusal, with the stored rev in its body
         except DwnError as exc:
             raise PeerError(400, "CheckpointInvalid", str(exc)) from exc
 
@@ -255,4 +253,4 @@ class StoreService:
         try:
             self.committer.flush()
         except StoreUnavailable as exc:
-            raise PeerError(503, "StoreUnavailable", str(exc)) from exc
+            raise exc.as_refusal() from exc
