@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
 import sys
 import time
@@ -24,6 +23,8 @@ import trio
 from p2psync.dwn.did import Identity
 from p2psync.dwn.errors import DwnError
 from p2psync.dwn.store import Store
+from p2psync.peer.endpoint import SYNC_PATH, ws_url
+from p2psync.peer.failures import describe_failure, leaf_exception
 from p2psync.replication.stats import SyncProgress, SyncSummary
 
 if TYPE_CHECKING:
@@ -53,8 +54,6 @@ DEFAULT_HOST = "127.0.0.1"
 #: Couchbase Sync Gateway's public port, the home of the replication protocol we follow (and
 #: the port of the BLIP examples in docs/blip.md); ``blip echo`` uses 4985 beside it.
 DEFAULT_PORT = 4984
-#: The WebSocket path of the replication profiles (protocol/replication-profiles.md §2).
-SYNC_PATH = "/_p2psync"
 #: A grant record is stored when the engine answers 202 Accepted.
 ACCEPTED = 202
 #: Progress bar redraws at most this often (seconds). Ours: four a second reads as smooth, and
@@ -71,12 +70,6 @@ class CliFailure(Exception):
 # --------------------------------------------------------------------------- helpers
 
 
-def ws_url(host: str, port: int) -> str:
-    """``ws://host:port/_p2psync``, with an IPv6 literal in brackets."""
-    shown = f"[{host}]" if ":" in host and not host.startswith("[") else host
-    return f"ws://{shown}:{port}{SYNC_PATH}"
-
-
 def human_bytes(n: float) -> str:
     """1536 -> '1.5 KiB'."""
     for unit in ("B", "KiB", "MiB", "GiB"):
@@ -84,57 +77,6 @@ def human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     raise AssertionError("unreachable")
-
-
-def _leaf(exc: BaseException) -> BaseException:
-    """The one meaningful exception inside (possibly nested) exception groups."""
-    while isinstance(exc, BaseExceptionGroup):
-        inner = [e for e in exc.exceptions if not isinstance(e, trio.Cancelled)] or list(exc.exceptions)
-        exc = inner[0]
-    return exc
-
-
-def _os_reason(exc: OSError) -> str:
-    """'Connection refused' rather than trio's 'all attempts to connect to … failed'."""
-    cause = exc.__cause__
-    if isinstance(cause, BaseExceptionGroup):
-        for inner in cause.exceptions:
-            if isinstance(inner, OSError) and inner.errno is not None:
-                # trio's strerror repeats the address ("Error connecting to ('h', p): …"),
-                # which the URL already gives; the OS's own words are enough.
-                return os.strerror(inner.errno)
-            if isinstance(inner, OSError) and inner.strerror:
-                return inner.strerror
-    return exc.strerror or str(exc)
-
-
-def describe_failure(exc: BaseException, url: str) -> str | None:
-    """The one line for a sync failure, or None when ``exc`` is not one we explain."""
-    from p2psync import blip
-    from p2psync.peer.session import HelloFailed
-    from p2psync.replication.wire import PeerError
-
-    exc = _leaf(exc)
-    if isinstance(exc, PeerError) and exc.name == "ConnectionLost":
-        # Raised on our side when the connection drops mid-round (the peer stopped, the
-        # network went away): nothing refused us, so do not say "refused".
-        return f"lost the connection to {url}: {exc.detail}"
-    if isinstance(exc, PeerError):
-        text = f"{url} refused: {exc.code} {exc.name}"
-        return f"{text}: {exc.detail}" if exc.detail else text
-    if isinstance(exc, HelloFailed):
-        return f"hello with {url} failed: {exc}"
-    if isinstance(exc, blip.BlipError):
-        return f"{url} answered an error: {exc}"
-    if isinstance(exc, blip.ConnectionClosed):
-        return f"the connection to {url} closed: {exc.reason}"
-    if isinstance(exc, trio.TooSlowError):
-        return f"{url} did not answer in time"
-    if isinstance(exc, OSError):
-        return f"cannot connect to {url}: {_os_reason(exc)}"
-    if isinstance(exc, DwnError):
-        return str(exc)
-    return None
 
 
 def scope_of(protocol: str | None) -> SyncScope:
@@ -273,7 +215,7 @@ def run_serve(
     try:
         stopped = trio.run(main)
     except BaseExceptionGroup as group:
-        raise _leaf(group) from None
+        raise leaf_exception(group) from None
     name = signal.Signals(stopped[0]).name if stopped else "end"
     if node.stopped_links:
         print(f"checkpoints saved for {node.stopped_links} link(s)", file=stream, flush=True)

@@ -41,6 +41,8 @@ from p2psync.node.config import NodeConfig, TenantConfig
 from p2psync.node.discovery_api import AUTO_CAPABILITY, AdvertInfo, DiscoveryFactory, DiscoveryLike, PeerSeenLike
 from p2psync.node.links import LinkKey, LinkSpec, plan_links
 from p2psync.node.metrics import NodeMetrics, scope_label, serve_metrics
+from p2psync.peer.endpoint import ws_url
+from p2psync.peer.failures import describe_failure
 from p2psync.peer.peer import Peer
 from p2psync.replication.wire import APP_ID
 from p2psync.state.committer import StoreUnavailable
@@ -228,8 +230,6 @@ class Node:
             raise NodeError("ListenFailed", f"cannot listen on {config.host}:{config.port}: "
                                             f"{exc.strerror or exc}") from None
         assert self.server is not None
-        from p2psync.cli_sync import ws_url
-
         self.url = ws_url(config.host, self.server.port)
         if config.metrics_port is not None:
             try:
@@ -426,8 +426,6 @@ class Node:
 
     def _note_failure(self, link: Link, exc: BaseException) -> None:
         """Count one failed attempt of ``link`` and keep its one-line reason (logged when new)."""
-        from p2psync.cli_sync import describe_failure
-
         if exc is link.last_exc:
             return  # seen on its way out of the connection already
         link.last_exc = exc
