@@ -19,6 +19,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final, Literal
 
+from websockets.uri import parse_uri
+
 from p2psync.dwn.errors import DwnError
 from p2psync.replication.scope import SyncScope
 
@@ -223,8 +225,6 @@ def _did(value: Any) -> str:
 
 
 def _url(value: Any) -> str:
-    from websockets.uri import parse_uri
-
     text = _text(value)
     try:
         uri = parse_uri(text)

@@ -38,7 +38,14 @@ from p2psync import blip
 from p2psync.dwn.did import Identity
 from p2psync.dwn.store import Store
 from p2psync.node.config import NodeConfig, TenantConfig
-from p2psync.node.discovery_api import AUTO_CAPABILITY, AdvertInfo, DiscoveryFactory, DiscoveryLike, PeerSeenLike
+from p2psync.node.discovery_api import (
+    AUTO_CAPABILITY,
+    AdvertInfo,
+    DiscoveryFactory,
+    DiscoveryLike,
+    PeerSeenLike,
+    zeroconf_discovery,
+)
 from p2psync.node.links import LinkKey, LinkSpec, plan_links
 from p2psync.node.metrics import NodeMetrics, scope_label, serve_metrics
 from p2psync.peer.endpoint import ws_url
@@ -264,8 +271,6 @@ class Node:
     async def _run_discovery(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         factory = self._discovery_factory
         if factory is None:
-            from p2psync.node.discovery_api import zeroconf_discovery
-
             factory = zeroconf_discovery
         try:
             discovery = self.discovery = factory(self.advert(), self.config.discovery_interfaces())
