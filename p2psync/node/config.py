@@ -41,7 +41,8 @@ __all__ = [
 
 #: Loopback by default: serving a tenant's data to the network is a choice the user makes.
 DEFAULT_HOST: Final = "127.0.0.1"
-#: Couchbase Sync Gateway's public port (see p2psync/cli_sync.py, which serves on it too).
+#: Couchbase Sync Gateway's public port, the home of the replication protocol we follow (and
+#: the port of the BLIP examples in docs/blip.md); ``blip echo`` uses 4985 beside it.
 DEFAULT_PORT: Final = 4984
 #: Metrics are for the operator on this machine unless they choose otherwise.
 DEFAULT_METRICS_HOST: Final = "127.0.0.1"
