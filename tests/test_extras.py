@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from p2psync.cli import main
-from p2psync.extras import missing_pipeline_module
+from p2psync.cli.extras import missing_pipeline_module
 
 
 def test_only_the_pipelines_modules_get_the_advice() -> None:

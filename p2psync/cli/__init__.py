@@ -9,6 +9,8 @@ one-line error and the data-directory helpers; the commands live by topic in
 :mod:`~p2psync.cli.local` (the node's own store), :mod:`~p2psync.cli.sync` (serve, peers,
 sync, status, grant sync), :mod:`~p2psync.cli.repair`, :mod:`~p2psync.cli.pipeline` (export
 and the Spark jobs) and :mod:`~p2psync.cli.tools` (demo, dwn pipe, blip echo).
+:mod:`~p2psync.cli.home` (the data directory) and :mod:`~p2psync.cli.extras` (advice for a
+missing optional extra) are used by the commands only, so they live here too.
 """
 
 from __future__ import annotations

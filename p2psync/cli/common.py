@@ -8,11 +8,11 @@ import json
 from pathlib import Path
 from typing import Any, Final
 
+from p2psync.cli.home import Home, HomeError, default_home
 from p2psync.dwn.did import Identity
 from p2psync.dwn.engine import Dwn
 from p2psync.dwn.errors import DwnError
 from p2psync.dwn.store import Store
-from p2psync.home import Home, HomeError, default_home
 
 __all__ = [
     "EXIT_FAILED",

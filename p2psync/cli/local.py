@@ -18,13 +18,13 @@ from p2psync.cli.common import (
     open_store,
     print_json,
 )
+from p2psync.cli.home import HomeError
 from p2psync.dwn.did import Identity
 from p2psync.dwn.encoding import message_cid
 from p2psync.dwn.protocols import ProtocolsConfigure
 from p2psync.dwn.records import ALL_RECORDS_FILTER, create_records_query, create_records_read
 from p2psync.dwn.records_write import RecordsWrite
 from p2psync.dwn.store import Store
-from p2psync.home import HomeError
 from p2psync.state.digest import store_digest
 
 __all__ = ["cmd_init", "cmd_protocol_install", "cmd_query", "cmd_read", "cmd_store_digest", "cmd_whoami", "cmd_write"]

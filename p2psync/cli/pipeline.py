@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any, Final
 from tqdm import tqdm
 
 from p2psync.cli.common import CliError, home_of
+from p2psync.cli.extras import missing_pipeline_module
 from p2psync.dwn.errors import DwnError
 from p2psync.dwn.store import Store
-from p2psync.extras import missing_pipeline_module
 from p2psync.pipeline.errors import PipelineError
 
 if TYPE_CHECKING:

@@ -19,10 +19,10 @@ import trio
 from tqdm import tqdm
 
 from p2psync.cli.common import CliError, open_store
+from p2psync.cli.extras import missing_pipeline_module
 from p2psync.cli.sync import check_url, human_bytes, log_to_stderr, remote_command, scope_of
 from p2psync.dwn.did import Identity
 from p2psync.dwn.store import Store
-from p2psync.extras import missing_pipeline_module
 from p2psync.peer.failures import describe_failure
 from p2psync.peer.peer import Peer
 from p2psync.peer.repair import STATUS_ORDER, RepairProgress, RepairSummary

@@ -25,13 +25,13 @@ from tqdm import tqdm
 from websockets.uri import parse_uri
 
 from p2psync.cli.common import EXIT_OK, NODE_STATUS_FILE, CliError, home_of, load_identity, open_store, print_json
+from p2psync.cli.home import Home, HomeError, default_home
 from p2psync.dwn.did import Identity
 from p2psync.dwn.encoding import message_cid
 from p2psync.dwn.engine import Dwn
 from p2psync.dwn.errors import DwnError
 from p2psync.dwn.store import Store
 from p2psync.dwn.timeutil import is_dwn_date_time
-from p2psync.home import Home, HomeError, default_home
 from p2psync.node import browse
 from p2psync.node.config import ConfigError, NodeConfig, load_config
 from p2psync.node.metrics import scope_label
