@@ -25,12 +25,12 @@ from p2psync.cli.extras import missing_pipeline_module
 from p2psync.dwn.errors import DwnError
 from p2psync.dwn.store import Store
 from p2psync.pipeline.errors import PipelineError
+from p2psync.pipeline.session import SparkSettings, start_spark  # loads Spark only when a job starts
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from p2psync.pipeline.formats import OutputLayout
-    from p2psync.pipeline.session import SparkSettings
 
 __all__ = ["EXIT_VIOLATIONS", "register"]
 
@@ -97,8 +97,6 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def _settings(args: argparse.Namespace) -> SparkSettings:
-    from p2psync.pipeline.session import SparkSettings  # the [pipeline] extra
-
     extra: dict[str, str] = {}
     for item in args.conf or []:
         key, sep, value = item.partition("=")
@@ -119,8 +117,6 @@ def _settings(args: argparse.Namespace) -> SparkSettings:
 def _spark(args: argparse.Namespace) -> Iterator[SparkSession]:
     """A session for one command; stopped afterwards unless it was already running here."""
     from pyspark.sql import SparkSession  # the [pipeline] extra, as are the job modules below
-
-    from p2psync.pipeline.session import start_spark
 
     existing = SparkSession.getActiveSession()
     spark = start_spark(_settings(args))
