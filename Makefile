@@ -5,7 +5,7 @@ VENV    := .venv/.installed
 NODE    := interop/node_modules/.installed
 SYSDEPS := .venv/.sysdeps
 
-.PHONY: demo test bench lint typecheck clean
+.PHONY: demo test bench lint imports typecheck clean
 
 $(VENV): pyproject.toml
 	python3 -m venv .venv
@@ -46,6 +46,12 @@ bench: $(VENV) $(NODE) $(SYSDEPS)
 lint: $(VENV)
 	.venv/bin/ruff check p2psync tests interop
 	.venv/bin/mypy p2psync
+	.venv/bin/lint-imports --no-cache
+
+# The layer contract in pyproject.toml ([tool.importlinter]): layers point down, nothing
+# imports the CLI, no import cycles.
+imports: $(VENV)
+	.venv/bin/lint-imports --no-cache
 
 clean:
 	rm -rf .venv interop/node_modules

@@ -29,6 +29,16 @@ from pathlib import Path
 from typing import Any, Final, TextIO
 
 import trio
+from tqdm import tqdm
+
+from p2psync.dwn.did import Identity
+from p2psync.dwn.protocols import ProtocolsConfigure
+from p2psync.dwn.records import create_records_read
+from p2psync.dwn.records_write import RecordsWrite
+from p2psync.dwn.store import Store
+from p2psync.node.config import NodeConfig
+from p2psync.node.node import Node
+from p2psync.state.digest import store_digest
 
 #: Set inside the namespace the demo re-runs itself in (and to skip trying one).
 NAMESPACE_ENV: Final = "P2PSYNC_DEMO_NAMESPACE"
@@ -123,16 +133,11 @@ def run_demo(out: TextIO | None = None, *, isolate: bool = True) -> int:
 @dataclass
 class _Device:
     name: str
-    node: Any  # p2psync.node.node.Node
-    store: Any  # p2psync.dwn.store.Store
+    node: Node
+    store: Store
 
 
 async def _demo(out: TextIO, where: str) -> int:
-    from p2psync.dwn.did import Identity
-    from p2psync.dwn.store import Store
-    from p2psync.node.config import NodeConfig
-    from p2psync.node.node import Node
-
     def say(text: str = "") -> None:
         print(text, file=out, flush=True)
 
@@ -194,12 +199,9 @@ async def _until_all_found(devices: list[_Device], say: Any) -> None:
         say(f"  {device.name:<8} listens on {device.node.url}  found {names}")
 
 
-async def _write_on_laptop(device: _Device, identity: Any) -> dict[str, Any]:
+async def _write_on_laptop(device: _Device, identity: Identity) -> dict[str, Any]:
     """The laptop installs the notes protocol and writes notes and one attachment, each
     through the node's group commit (so its feeds see them at once)."""
-    from p2psync.dwn.protocols import ProtocolsConfigure
-    from p2psync.dwn.records_write import RecordsWrite
-
     committer, dwn, tenant = device.node.peer.committer, device.node.peer.dwn, identity.did
     proto = NOTES_PROTOCOL["protocol"]
 
@@ -233,8 +235,6 @@ async def _write_on_laptop(device: _Device, identity: Any) -> dict[str, Any]:
 async def _watch_arrivals(devices: list[_Device], tenant: str, expected: int, out: TextIO) -> None:
     """Progress per receiving node until each holds ``expected`` messages: a bar each on a
     terminal, a line at every quarter otherwise (a log has no use for redrawn bars)."""
-    from tqdm import tqdm
-
     receivers = devices[1:]
     live = out.isatty()
     bars = {d.name: tqdm(total=expected, desc=f"  {d.name:<8}", file=out, leave=True, disable=not live,
@@ -261,8 +261,6 @@ async def _watch_arrivals(devices: list[_Device], tenant: str, expected: int, ou
 
 def _report(devices: list[_Device], tenant: str, written: dict[str, Any], say: Any) -> bool:
     """Digests per node and a read-back of the attachment on each receiver; True when all agree."""
-    from p2psync.state.digest import store_digest
-
     say()
     digests = {}
     for device in devices:
@@ -278,8 +276,6 @@ def _report(devices: list[_Device], tenant: str, written: dict[str, Any], say: A
 
 def _attachment_ok(device: _Device, tenant: str, written: dict[str, Any]) -> bool:
     """RecordsRead of the attachment on ``device`` (signed by the tenant), bytes compared."""
-    from p2psync.dwn.records import create_records_read
-
     read = create_records_read(signer=device.node.identity, filter={"recordId": written["attachment"]})
     reply = device.node.peer.dwn.process_message(tenant, read)
     return bool(reply.code == 200) and hashlib.sha256(reply.data or b"").hexdigest() == written["attachment_sha256"]

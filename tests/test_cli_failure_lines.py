@@ -1,4 +1,4 @@
-"""The one-line failure messages of `sync`, `serve` links and `peers` (p2psync.cli_sync.describe_failure).
+"""The one-line failure messages of `sync`, `serve` links and `peers` (p2psync.errors.describe).
 
 Found walking through docs/getting-started.md: a refused TCP connection read
 "cannot connect to ws://…: Error connecting to ('10.77.0.2', 4984): Connection refused" (the
@@ -14,7 +14,7 @@ import pytest
 import trio
 
 from p2psync.blip import connect
-from p2psync.cli_sync import describe_failure
+from p2psync.errors import describe as describe_failure
 from p2psync.replication.wire import PeerError
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 import pytest
 
 from p2psync.cli import main
-from p2psync.extras import missing_pipeline_module
+from p2psync.cli.extras import missing_pipeline_module
 
 
 def test_only_the_pipelines_modules_get_the_advice() -> None:
@@ -41,3 +42,21 @@ def test_export_without_pyarrow_says_how_to_install_it(
     err = capsys.readouterr().err
     assert code != 0
     assert "PipelineNotInstalled" in err and "p2psync[pipeline]" in err
+
+
+def test_every_command_module_loads_without_the_pipeline_extra() -> None:
+    """The CLI imports its modules at the top; none of them may need Spark, pyarrow, pandas or
+    matplotlib to load (a fresh interpreter, with those modules made unimportable)."""
+    blocker = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in {'pyspark', 'pyarrow', 'pandas', 'matplotlib'}:\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import p2psync.cli, p2psync.node, p2psync.demo, p2psync.conformance, p2psync.discovery\n"
+        "p2psync.cli.build_parser()\n"
+    )
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, "-c", blocker], cwd=root, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr

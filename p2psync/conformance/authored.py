@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,10 +22,13 @@ from p2psync.conformance.scenario import b64url_encode, expand_data_gen
 from p2psync.dwn import permissions
 from p2psync.dwn.did import Identity
 from p2psync.dwn.encoding import message_cid
+from p2psync.dwn.engine import Dwn
 from p2psync.dwn.permission_grant import PermissionGrant
+from p2psync.dwn.pipe import PipeSession
 from p2psync.dwn.protocols import ProtocolsConfigure, ProtocolsQuery
 from p2psync.dwn.records import create_records_delete, create_records_query, create_records_read
 from p2psync.dwn.records_write import RecordsWrite
+from p2psync.dwn.store import Store
 from p2psync.dwn.timeutil import add_seconds
 
 FORMAT = "p2psync-interop-scenario/1"
@@ -302,12 +306,6 @@ def record_engine_answers(doc: dict[str, Any]) -> None:
     The code written beside each step is what its author claims; the engine must agree, or
     the scenario is not written. The reference is then held to the same answers by the suite.
     """
-    import tempfile
-
-    from p2psync.dwn.engine import Dwn
-    from p2psync.dwn.pipe import PipeSession
-    from p2psync.dwn.store import Store
-
     with tempfile.TemporaryDirectory() as tmp:
         dwn = Dwn(Store(Path(tmp) / "author.db"))
         session = PipeSession(dwn)

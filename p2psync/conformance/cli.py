@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from p2psync.conformance.authored import write_scenarios
 from p2psync.conformance.runner import (
     DEFAULT_REPLY_TIMEOUT,
     ScenarioReport,
@@ -95,8 +96,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status."""
     args = _parser().parse_args(argv)
     if args.command == "author":
-        from p2psync.conformance.authored import write_scenarios
-
         for path in write_scenarios(Path(args.out)):
             print(f"wrote {path}")
         return EXIT_OK

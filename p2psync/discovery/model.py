@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Final, Literal
 
 from p2psync.discovery.txt import DiscoveryError, tenant_hash
+from p2psync.peer.endpoint import ws_url
 
 __all__ = [
     "DEFAULT_CAPABILITIES",
@@ -116,8 +117,6 @@ class PeerSeen:
         """The ws URL of the first address (IPv4 first), as ``p2psync sync`` takes it."""
         if not self.addresses:
             raise DiscoveryError("NoAddress", f"{self.name} published no address")
-        from p2psync.cli_sync import ws_url  # imported late: the CLI module imports much of the package
-
         return ws_url(self.addresses[0], self.port)
 
     def shares(self, tenant: str) -> bool:

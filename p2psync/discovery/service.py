@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+import ifaddr  # a zeroconf dependency
 import trio
 import zeroconf
 from zeroconf import InterfaceChoice, ServiceBrowser, ServiceInfo, ServiceStateChange, Zeroconf
@@ -102,8 +103,6 @@ def _instance_label(service_name: str) -> str:
 
 def _devices_of(addresses: Sequence[str]) -> set[str]:
     """The names of the network devices that carry these IP addresses."""
-    import ifaddr  # a zeroconf dependency
-
     wanted = {ipaddress.ip_address(a) for a in addresses}
     found: set[str] = set()
     for adapter in ifaddr.get_adapters():
@@ -148,8 +147,6 @@ def _confine(zc: Zeroconf, interfaces: Sequence[str]) -> str | None:
 
 def _host_addresses() -> list[str]:
     """Every non-loopback IPv4 address of the host (what zeroconf binds to by default), else 127.0.0.1."""
-    import ifaddr  # a zeroconf dependency
-
     found = [
         str(ip.ip)
         for adapter in ifaddr.get_adapters()

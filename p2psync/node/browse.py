@@ -13,7 +13,7 @@ from typing import Any, TextIO
 
 import trio
 
-from p2psync.node.discovery_api import DiscoveryFactory, PeerSeenLike
+from p2psync.node.discovery_api import DiscoveryFactory, PeerSeenLike, zeroconf_discovery
 from p2psync.node.node import peer_json
 
 __all__ = ["PeersFailure", "browse", "node_status", "peers_lines", "run_peers"]
@@ -26,8 +26,6 @@ class PeersFailure(Exception):
 async def browse(wait: float, interfaces: list[str] | None, factory: DiscoveryFactory | None = None) -> list[Any]:
     """The peers discovery sees after browsing ``wait`` seconds (nothing advertised)."""
     if factory is None:
-        from p2psync.node.discovery_api import zeroconf_discovery
-
         factory = zeroconf_discovery
     discovery = factory(None, interfaces)
     async with trio.open_nursery() as nursery:

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final, Literal
 
+from websockets.uri import parse_uri
+
 from p2psync.dwn.errors import DwnError
 from p2psync.replication.scope import SyncScope
 
@@ -39,7 +41,8 @@ __all__ = [
 
 #: Loopback by default: serving a tenant's data to the network is a choice the user makes.
 DEFAULT_HOST: Final = "127.0.0.1"
-#: Couchbase Sync Gateway's public port (see p2psync/cli_sync.py, which serves on it too).
+#: Couchbase Sync Gateway's public port, the home of the replication protocol we follow (and
+#: the port of the BLIP examples in docs/blip.md); ``blip echo`` uses 4985 beside it.
 DEFAULT_PORT: Final = 4984
 #: Metrics are for the operator on this machine unless they choose otherwise.
 DEFAULT_METRICS_HOST: Final = "127.0.0.1"
@@ -223,8 +226,6 @@ def _did(value: Any) -> str:
 
 
 def _url(value: Any) -> str:
-    from websockets.uri import parse_uri
-
     text = _text(value)
     try:
         uri = parse_uri(text)

@@ -1,8 +1,8 @@
 """The shape of discovery the node needs (p2psync/discovery provides the real thing).
 
 The node is written against these protocols, not the zeroconf-backed classes, so that its
-logic is tested with a fake LAN (tests/node/fakes.py) and so that it imports zeroconf only
-when discovery is on. :func:`zeroconf_discovery` builds the real one.
+logic is tested with a fake LAN (tests/node/fakes.py). :func:`zeroconf_discovery` builds the
+real one.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol, runtime_checkable
 
 import trio
+
+from p2psync import discovery
 
 __all__ = [
     "AUTO_CAPABILITY",
@@ -94,8 +96,6 @@ def zeroconf_discovery(advert: AdvertInfo | None, interfaces: list[str] | None) 
     """The real, mDNS discovery (p2psync.discovery) for ``advert`` on ``interfaces`` (None: all).
 
     Raises ``DiscoveryError`` when the advert cannot be published (a name or TXT too large)."""
-    from p2psync import discovery
-
     real: Any = None
     if advert is not None:
         # What every node can do, then ours (``auto``).

@@ -38,9 +38,17 @@ from p2psync import blip, errors
 from p2psync.dwn.did import Identity
 from p2psync.dwn.store import Store
 from p2psync.node.config import NodeConfig, TenantConfig
-from p2psync.node.discovery_api import AUTO_CAPABILITY, AdvertInfo, DiscoveryFactory, DiscoveryLike, PeerSeenLike
+from p2psync.node.discovery_api import (
+    AUTO_CAPABILITY,
+    AdvertInfo,
+    DiscoveryFactory,
+    DiscoveryLike,
+    PeerSeenLike,
+    zeroconf_discovery,
+)
 from p2psync.node.links import LinkSpec, NodeLinkKey, plan_links
 from p2psync.node.metrics import NodeMetrics, scope_label, serve_metrics
+from p2psync.peer.endpoint import ws_url
 from p2psync.peer.peer import Peer
 from p2psync.replication.wire import APP_ID
 from p2psync.state.committer import StoreUnavailable
@@ -230,8 +238,6 @@ class Node:
             raise NodeError("ListenFailed", f"cannot listen on {config.host}:{config.port}: "
                                             f"{exc.strerror or exc}") from None
         assert self.server is not None
-        from p2psync.cli_sync import ws_url
-
         self.url = ws_url(config.host, self.server.port)
         if config.metrics_port is not None:
             try:
@@ -266,8 +272,6 @@ class Node:
     async def _run_discovery(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         factory = self._discovery_factory
         if factory is None:
-            from p2psync.node.discovery_api import zeroconf_discovery
-
             factory = zeroconf_discovery
         try:
             discovery = self.discovery = factory(self.advert(), self.config.discovery_interfaces())

@@ -5,7 +5,9 @@
 - :mod:`~p2psync.pipeline.fanout` — delivery targets, relay assignment, strategy costs;
 - :mod:`~p2psync.pipeline.audit` — closure audit of every stored record;
 - :mod:`~p2psync.pipeline.session` — starting Spark (settings, Java check, progress);
-- :mod:`~p2psync.pipeline.cli` — the ``export`` and ``pipeline`` commands.
+- :mod:`~p2psync.pipeline.strategies` — the delivery strategies and the relay's k (no Spark).
+
+The ``export`` and ``pipeline`` commands are in :mod:`p2psync.cli.pipeline`.
 
 Importing this package does not import Spark; the job modules do.
 """

@@ -30,6 +30,7 @@ from p2psync.pipeline.formats import (
     PROTOCOL_SCHEMA,
     PROTOCOLS_DIR,
 )
+from p2psync.state.copies import store_id
 
 __all__ = ["EXPORT_BATCH_ROWS", "ExportResult", "export_store", "message_row"]
 
@@ -160,8 +161,6 @@ def _resolve_replica_id(store: Store, replica_id: str | None) -> str:
     if replica_id:
         return replica_id
     # The storeId the peer proves in hello: a repair reading the plan finds its part by it.
-    from p2psync.state.copies import store_id
-
     return store_id(store)
 
 

@@ -39,8 +39,10 @@ from pyspark.sql import functions as F
 
 from p2psync.pipeline.errors import PipelineError
 from p2psync.pipeline.formats import PROTOCOL_COLUMNS, ExportInfo, OutputLayout, read_exports, spark_ddl
+from p2psync.pipeline.plot import plot_origin_load
 from p2psync.pipeline.reconcile import load_messages
 from p2psync.pipeline.session import Stages, materialize
+from p2psync.pipeline.strategies import DIRECT_MAX_PROVIDERS, RELAY_K_MAX, RELAY_K_MIN, STRATEGIES, relay_k
 
 __all__ = [
     "DIRECT_MAX_PROVIDERS",
@@ -64,28 +66,10 @@ FANOUT_LAYOUT: Final = OutputLayout(
     "FanoutExists", "a fan-out", "report.json", ("targets", "assignment", "manifests", "costs", "origin_load.png")
 )
 
-#: k = ceil(log2(P)) "min 2, max 5" (RFC part 2, Core Mechanism step 4).
-RELAY_K_MIN: Final = 2
-RELAY_K_MAX: Final = 5
-
-#: The RFC's comparison table gives direct delivery for "Providers (P) 2-10"; above that,
-#: relay is the recommendation (used only when the path declares no ``$delivery``).
-DIRECT_MAX_PROVIDERS: Final = 10
-
-STRATEGIES: Final = ("direct", "relay", "subscribe")
-
 # HMAC-SHA256 (RFC 2104): the block size of SHA-256 and the two pad bytes.
 _HMAC_BLOCK: Final = 64
 _IPAD: Final = 0x36
 _OPAD: Final = 0x5C
-
-
-def relay_k(providers: int) -> int:
-    """Number of relay coordinators for ``providers`` participating providers (0 for one or none)."""
-    if providers <= 1:
-        return 0
-    k = max(RELAY_K_MIN, min(RELAY_K_MAX, (providers - 1).bit_length()))  # bit_length(P-1) = ceil(log2 P)
-    return min(k, providers)
 
 
 def _relay_k_column(providers: Column) -> Column:
@@ -490,8 +474,6 @@ def fanout(
     stages("reporting")
     report = _report(infos, endpoints, batch, frames.messages, frames.targets, frames.costs, started)
     if plot:
-        from p2psync.pipeline.plot import plot_origin_load
-
         plot_origin_load(report["byProviders"], out_dir / "origin_load.png")
         report["files"]["plot"] = "origin_load.png"
     (out_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from p2psync.pipeline.fanout import STRATEGIES, relay_k
+from p2psync.pipeline.strategies import STRATEGIES, relay_k
 
 _STYLE = {"direct": ("tab:red", "o"), "relay": ("tab:blue", "s"), "subscribe": ("tab:green", "^")}
 
@@ -14,7 +14,7 @@ def plot_origin_load(by_providers: list[dict[str, Any]], path: str | Path) -> Pa
     """Write a PNG: the mean origin load of the batch's messages per provider count, with the
     relay strategy's bounds (k when the origin is not a coordinator; k - 1 + ceil((P - k)/k) + 1
     when it is) for reference."""
-    import matplotlib
+    import matplotlib  # the [pipeline] extra; loaded only when a plot is drawn
 
     matplotlib.use("Agg")  # no display: write files only
     import matplotlib.pyplot as plt

@@ -122,7 +122,7 @@ def start_spark(settings: SparkSettings) -> SparkSession:
     """A SparkSession built from ``settings`` (an active one with the same master is reused)."""
     check_java()
     try:
-        from pyspark.sql import SparkSession
+        from pyspark.sql import SparkSession  # the [pipeline] extra: this module loads without it
     except ImportError as exc:  # pragma: no cover - a broken install
         raise PipelineError("PySparkMissing", f"cannot import pyspark ({exc}); pip install 'pyspark[sql]'") from None
     if settings.local:
@@ -167,7 +167,7 @@ def materialize(frame: DataFrame) -> DataFrame:
     here chain enough joins that, on small inputs, planning costs more than running. Cutting
     the lineage after each step keeps every plan small.
     """
-    from pyspark import StorageLevel
+    from pyspark import StorageLevel  # the [pipeline] extra: this module loads without it
 
     # PySpark's MEMORY_AND_DISK keeps the rows serialized: compact, for the large steps too.
     return frame.localCheckpoint(eager=True, storageLevel=StorageLevel.MEMORY_AND_DISK)

@@ -14,11 +14,11 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from p2psync.cli.home import Home
 from p2psync.dwn.did import Identity
 from p2psync.dwn.engine import Dwn
 from p2psync.dwn.records_write import RecordsWrite
 from p2psync.dwn.store import Store
-from p2psync.home import Home
 from tests.peer.support import Clock
 
 __all__ = ["NodeProcess", "config_file", "event_counts", "make_home", "read_only", "wait_for", "write_records"]

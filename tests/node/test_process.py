@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
+from p2psync.cli.home import Home
 from p2psync.dwn.store import Store
-from p2psync.home import Home
 from p2psync.state.copies import CheckpointCopies, checkpoint_id
 from p2psync.state.digest import store_digest
 from p2psync.state.ledger import Direction, Ledger

@@ -1,4 +1,4 @@
-"""The pipeline commands through their own parser (p2psync/cli.py adds them with ``register``)."""
+"""The pipeline commands through their own parser (p2psync/cli adds them with ``register``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from p2psync.cli import CliError
-from p2psync.pipeline.cli import EXIT_VIOLATIONS, register
+from p2psync.cli.pipeline import EXIT_VIOLATIONS, register
 from p2psync.pipeline.reconcile import read_repair_items
 from tests.pipeline.worlds import build_replica, delete_messages, reconcile_story
 

@@ -24,10 +24,10 @@ import trio
 from pyspark.sql import SparkSession
 
 from p2psync.cli import main
+from p2psync.cli.home import Home
 from p2psync.dwn.did import Identity
 from p2psync.dwn.engine import Dwn
 from p2psync.dwn.store import Store
-from p2psync.home import Home
 from p2psync.peer.peer import Peer
 from p2psync.pipeline.export import export_store
 from p2psync.pipeline.reconcile import read_repair_items, reconcile

@@ -1,8 +1,12 @@
 """The pipeline's commands: ``p2psync export`` and ``p2psync pipeline reconcile|fanout|audit``.
 
-``register(sub)`` adds them to the ``p2psync`` parser (p2psync/cli.py calls it). Each
-command's ``fn(args)`` returns an exit code; every failure a user can cause is raised as the
-CLI's one-line ``CliError``.
+``register(sub)`` adds them to the ``p2psync`` parser (``p2psync.cli.build_parser`` calls it).
+Each command's ``fn(args)`` returns an exit code; every failure a user can cause is raised as
+the CLI's one-line ``CliError``.
+
+The job modules need the [pipeline] extra (pyarrow, pyspark, matplotlib), so each command
+imports its job when it runs: a sync-only install still parses ``p2psync --help`` and gets one
+line of advice from these commands (tests/test_extras.py).
 """
 
 from __future__ import annotations
@@ -14,13 +18,19 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+from tqdm import tqdm
+
+from p2psync.cli.common import CliError, home_of
+from p2psync.cli.extras import missing_pipeline_module
+from p2psync.dwn.errors import DwnError
+from p2psync.dwn.store import Store
 from p2psync.pipeline.errors import PipelineError
+from p2psync.pipeline.session import SparkSettings, start_spark  # loads Spark only when a job starts
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from p2psync.pipeline.formats import OutputLayout
-    from p2psync.pipeline.session import SparkSettings
 
 __all__ = ["EXIT_VIOLATIONS", "register"]
 
@@ -30,9 +40,7 @@ EXIT_VIOLATIONS: Final = 3
 
 
 def _fail(exc: Exception) -> Exception:
-    """The CLI's one-line error for ``exc`` (imported late: p2psync.cli imports this module)."""
-    from p2psync.cli import CliError
-
+    """The CLI's one-line error for ``exc``."""
     if isinstance(exc, PipelineError):
         return CliError(f"{exc.code}: {exc.detail}")
     return CliError(str(exc))
@@ -40,9 +48,6 @@ def _fail(exc: Exception) -> Exception:
 
 def _guarded(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
-        from p2psync.dwn.errors import DwnError
-        from p2psync.extras import missing_pipeline_module
-
         try:
             return fn(args)
         except (PipelineError, DwnError) as exc:
@@ -62,17 +67,9 @@ def _guarded(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Name
 
 def cmd_export(args: argparse.Namespace) -> int:
     """Write a store's message index and event log as Parquet."""
-    from tqdm import tqdm
+    from p2psync.pipeline.export import export_store  # the [pipeline] extra (pyarrow)
 
-    from p2psync.dwn.store import Store
-    from p2psync.pipeline.export import export_store
-
-    if args.store:
-        store_path = Path(args.store)
-    else:
-        from p2psync.cli import _home
-
-        store_path = _home(args).store_path
+    store_path = Path(args.store) if args.store else home_of(args).store_path
     if not store_path.is_file():
         raise PipelineError("StoreNotFound", f"no store at {store_path} (give --store PATH, or --home DIR)")
     store = Store(store_path)
@@ -100,8 +97,6 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def _settings(args: argparse.Namespace) -> SparkSettings:
-    from p2psync.pipeline.session import SparkSettings
-
     extra: dict[str, str] = {}
     for item in args.conf or []:
         key, sep, value = item.partition("=")
@@ -121,9 +116,7 @@ def _settings(args: argparse.Namespace) -> SparkSettings:
 @contextmanager
 def _spark(args: argparse.Namespace) -> Iterator[SparkSession]:
     """A session for one command; stopped afterwards unless it was already running here."""
-    from pyspark.sql import SparkSession
-
-    from p2psync.pipeline.session import start_spark
+    from pyspark.sql import SparkSession  # the [pipeline] extra, as are the job modules below
 
     existing = SparkSession.getActiveSession()
     spark = start_spark(_settings(args))
@@ -136,7 +129,7 @@ def _spark(args: argparse.Namespace) -> Iterator[SparkSession]:
 
 def _precheck(args: argparse.Namespace, layout: OutputLayout) -> None:
     """The inputs and --out a job needs, checked before Spark takes its ten seconds to start."""
-    from p2psync.pipeline.formats import read_exports
+    from p2psync.pipeline.formats import read_exports  # the [pipeline] extra (pyarrow)
 
     read_exports(args.exports)
     layout.prepare(args.out, args.overwrite, check_only=True)
@@ -144,7 +137,7 @@ def _precheck(args: argparse.Namespace, layout: OutputLayout) -> None:
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
     """Digests, divergent groups and the repair plan of several exports."""
-    from p2psync.pipeline.reconcile import PLAN_LAYOUT, reconcile
+    from p2psync.pipeline.reconcile import PLAN_LAYOUT, reconcile  # the [pipeline] extra
 
     _precheck(args, PLAN_LAYOUT)
     with _spark(args) as spark:
@@ -161,7 +154,7 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
 
 def cmd_fanout(args: argparse.Namespace) -> int:
     """Delivery targets, relay assignment, manifests and strategy costs."""
-    from p2psync.pipeline.fanout import FANOUT_LAYOUT, fanout, load_batch, load_endpoints
+    from p2psync.pipeline.fanout import FANOUT_LAYOUT, fanout, load_batch, load_endpoints  # [pipeline] extra
 
     _precheck(args, FANOUT_LAYOUT)
     load_endpoints(args.endpoints)
@@ -180,7 +173,7 @@ def cmd_fanout(args: argparse.Namespace) -> int:
 
 def cmd_audit(args: argparse.Namespace) -> int:
     """Closure audit of every export; exit 3 when a hard dependency is missing."""
-    from p2psync.pipeline.audit import AUDIT_LAYOUT, audit
+    from p2psync.pipeline.audit import AUDIT_LAYOUT, audit  # the [pipeline] extra
 
     _precheck(args, AUDIT_LAYOUT)
     with _spark(args) as spark:

@@ -1,13 +1,15 @@
-"""Bodies of the replication commands: ``serve``, ``sync``, ``status``, ``grant sync``,
-``store digest`` (``docs/cli.md``). ``p2psync.cli`` parses the arguments and opens the node;
-these functions do the work and print.
+"""The replication commands: ``serve``, ``peers``, ``sync``, ``status``, ``grant sync``
+(``docs/cli.md``). Each ``cmd_*`` takes the parsed arguments and opens the node; the ``run_*``
+bodies do the work and print.
 
-Every failure a user can cause raises :class:`CliFailure`, which ``p2psync.cli`` prints as one
-line (exit 1); Ctrl-C or SIGTERM stop ``serve`` and ``sync --continuous`` cleanly (exit 0).
+Every failure a user can cause raises :class:`~p2psync.cli.common.CliError`, which
+``p2psync.cli.main`` prints as one line (exit 1); Ctrl-C or SIGTERM stop ``serve`` and
+``sync --continuous`` cleanly (exit 0).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import signal
@@ -16,45 +18,50 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TextIO
+from typing import Any, Literal, TextIO
 
 import trio
+from tqdm import tqdm
+from websockets.uri import parse_uri
 
 from p2psync import errors
+from p2psync.cli.common import EXIT_OK, NODE_STATUS_FILE, CliError, home_of, load_identity, open_store, print_json
+from p2psync.cli.home import Home, HomeError, default_home
 from p2psync.dwn.did import Identity
+from p2psync.dwn.encoding import message_cid
+from p2psync.dwn.engine import Dwn
 from p2psync.dwn.errors import DwnError
 from p2psync.dwn.store import Store
+from p2psync.dwn.timeutil import is_dwn_date_time
+from p2psync.node import browse
+from p2psync.node.config import ConfigError, NodeConfig, load_config
+from p2psync.node.metrics import scope_label
+from p2psync.node.node import Node, NodeError
+from p2psync.peer.peer import Peer
+from p2psync.replication.scope import SyncScope
 from p2psync.replication.stats import SyncProgress, SyncSummary
-
-if TYPE_CHECKING:
-    from p2psync.node.config import NodeConfig
-    from p2psync.replication.scope import SyncScope
+from p2psync.state.authz import sync_grant_messages
+from p2psync.state.copies import store_id
+from p2psync.state.ledger import Ledger
 
 __all__ = [
-    "DEFAULT_HOST",
-    "DEFAULT_PORT",
-    "SYNC_PATH",
-    "CliFailure",
     "ProgressBars",
-    "describe_failure",
+    "cmd_grant_sync",
+    "cmd_peers",
+    "cmd_serve",
+    "cmd_status",
+    "cmd_sync",
     "grant_sync",
     "log_to_stderr",
+    "remote_command",
     "run_serve",
     "run_sync",
     "scope_of",
     "status_lines",
     "status_report",
     "summary_lines",
-    "ws_url",
 ]
 
-#: Loopback by default: serving a tenant's data to the network is a choice the user makes.
-DEFAULT_HOST = "127.0.0.1"
-#: Couchbase Sync Gateway's public port, the home of the replication protocol we follow (and
-#: the port of the BLIP examples in docs/blip.md); ``blip echo`` uses 4985 beside it.
-DEFAULT_PORT = 4984
-#: The WebSocket path of the replication profiles (protocol/replication-profiles.md §2).
-SYNC_PATH = "/_p2psync"
 #: A grant record is stored when the engine answers 202 Accepted.
 ACCEPTED = 202
 #: Progress bar redraws at most this often (seconds). Ours: four a second reads as smooth, and
@@ -64,17 +71,7 @@ PROGRESS_MIN_INTERVAL = 0.25
 Direction = Literal["pull", "push", "both"]
 
 
-class CliFailure(Exception):
-    """Raised by these bodies for ``p2psync.cli`` to print as one line (it maps to CliError)."""
-
-
 # --------------------------------------------------------------------------- helpers
-
-
-def ws_url(host: str, port: int) -> str:
-    """``ws://host:port/_p2psync``, with an IPv6 literal in brackets."""
-    shown = f"[{host}]" if ":" in host and not host.startswith("[") else host
-    return f"ws://{shown}:{port}{SYNC_PATH}"
 
 
 def human_bytes(n: float) -> str:
@@ -86,32 +83,22 @@ def human_bytes(n: float) -> str:
     raise AssertionError("unreachable")
 
 
-def describe_failure(exc: BaseException, url: str) -> str | None:
-    """The one line for a sync failure, or None when ``exc`` is not one we explain
-    (:func:`p2psync.errors.describe`)."""
-    return errors.describe(errors.leaf(exc), url)
-
-
 def scope_of(protocol: str | None) -> SyncScope:
     """The sync scope of ``--protocol`` (global without it); a bad URL is a one-line failure."""
-    from p2psync.replication.scope import SyncScope
-
     try:
         return SyncScope.global_scope() if protocol is None else SyncScope.for_protocol(protocol)
     except DwnError as exc:
-        raise CliFailure(f"--protocol {protocol}: {exc}") from None
+        raise CliError(f"--protocol {protocol}: {exc}") from None
 
 
 def check_url(url: str) -> None:
     """Refuse anything but a ``ws://host:port/path`` URL before opening anything."""
-    from websockets.uri import parse_uri
-
     try:
         uri = parse_uri(url)
     except Exception as exc:  # websockets raises InvalidURI, ValueError for a bad port
-        raise CliFailure(f"{url} is not a ws:// URL ({exc})") from None
+        raise CliError(f"{url} is not a ws:// URL ({exc})") from None
     if uri.secure:
-        raise CliFailure(f"{url}: wss:// is not supported yet; use ws://")
+        raise CliError(f"{url}: wss:// is not supported yet; use ws://")
 
 
 def _stop_signals() -> Any:
@@ -137,8 +124,6 @@ class _BarSafeHandler(logging.Handler):
         self.stream = stream
 
     def emit(self, record: logging.LogRecord) -> None:
-        from tqdm import tqdm
-
         try:
             tqdm.write(self.format(record), file=self.stream)
         except Exception:
@@ -184,16 +169,12 @@ def run_serve(
     The first signal stops it gracefully (links save their checkpoints); a second one stops it
     at once. With no configuration it is the passive side on 127.0.0.1:4984, nothing more.
     """
-    from p2psync.node.config import ConfigError, NodeConfig
-    from p2psync.node.metrics import scope_label
-    from p2psync.node.node import Node, NodeError
-
     stream = out if out is not None else sys.stdout
     config = config or NodeConfig()
     try:
         node = Node(config, store, identity, status_path=status_path)
     except ConfigError as exc:
-        raise CliFailure(str(exc)) from None
+        raise CliError(str(exc)) from None
 
     def say(line: str) -> None:
         # Flushed: a supervising process (or a test) reads the URL from a pipe.
@@ -206,7 +187,7 @@ def run_serve(
                 try:
                     await nursery.start(_run_node, node, nursery.cancel_scope)
                 except NodeError as exc:
-                    raise CliFailure(str(exc)) from None
+                    raise CliError(str(exc)) from None
                 nursery.start_soon(_stop_node_on_signals, signals, node, nursery.cancel_scope, stopped)
                 say(f"serving {node.url}")
                 say(f"did: {identity.did}")
@@ -263,7 +244,6 @@ class ProgressBars:
     Disabled bars still record the last report of each direction (for the summary of a
     stopped continuous sync).
     """
-
     enabled: bool
     stream: TextIO = field(default_factory=lambda: sys.stderr)
     last: dict[str, SyncProgress] = field(default_factory=dict)
@@ -276,8 +256,6 @@ class ProgressBars:
             return
         bar = self._bars.get(progress.direction)
         if bar is None:
-            from tqdm import tqdm
-
             bar = tqdm(desc=progress.direction, unit=" msg", file=self.stream, position=len(self._bars),
                        leave=True, dynamic_ncols=True, mininterval=PROGRESS_MIN_INTERVAL)
             self._bars[progress.direction] = bar
@@ -340,8 +318,6 @@ def run_sync(
     err: TextIO | None = None,
 ) -> int:
     """Run one sync (or a continuous one until Ctrl-C / SIGTERM) and print its summary."""
-    from p2psync.peer.peer import Peer
-
     stdout = out if out is not None else sys.stdout
     stderr = err if err is not None else sys.stderr
     check_url(url)
@@ -371,10 +347,10 @@ def run_sync(
         bars.close()
     seconds = time.monotonic() - started
     if failure is not None:
-        line = describe_failure(failure, url)
+        line = errors.describe(failure, url)
         if line is None:
             raise failure
-        raise CliFailure(line)
+        raise CliError(line)
     if summary is None:  # stopped by a signal (a continuous sync never returns otherwise)
         report = {d: {"messages": p.messages, "bytes": p.bytes} for d, p in bars.last.items()}
         if as_json:
@@ -431,9 +407,6 @@ def status_report(store: Store) -> dict[str, Any]:
     this store keeps for an active peer that synced with it: ``{"peer", "checkpointId", "rev",
     "frontier"}`` (the peer's pull frontier is a position in this store's log).
     """
-    from p2psync.state.copies import store_id
-    from p2psync.state.ledger import Ledger
-
     ledger = Ledger.for_store(store)
     links = []
     for link in ledger.links():
@@ -485,24 +458,109 @@ def grant_sync(
     Each message must be accepted (202); returns one ``{"recordId", "messageCid", "status"}``
     per message, in the order stored.
     """
-    from p2psync.dwn.encoding import message_cid
-    from p2psync.dwn.engine import Dwn
-    from p2psync.dwn.timeutil import is_dwn_date_time
-    from p2psync.state.authz import sync_grant_messages
-
     if not grantee.startswith("did:"):
-        raise CliFailure(f"{grantee} is not a DID")
+        raise CliError(f"{grantee} is not a DID")
     if expires is not None and not is_dwn_date_time(expires):
-        raise CliFailure(f"--expires {expires} is not a DWN timestamp (like 2030-01-01T00:00:00.000000Z)")
+        raise CliError(f"--expires {expires} is not a DWN timestamp (like 2030-01-01T00:00:00.000000Z)")
     try:
         messages = sync_grant_messages(tenant, grantee, protocol=protocol, expires=expires)
     except (DwnError, ValueError) as exc:
-        raise CliFailure(f"cannot author the grant: {exc}") from None
+        raise CliError(f"cannot author the grant: {exc}") from None
     dwn = Dwn(store)
     out = []
     for message, data in messages:
         reply = dwn.process_message(tenant.did, message, data)
         if reply.code != ACCEPTED:
-            raise CliFailure(f"grant refused ({reply.code}): {reply.detail}")
+            raise CliError(f"grant refused ({reply.code}): {reply.detail}")
         out.append({"recordId": message.get("recordId"), "messageCid": message_cid(message), "status": reply.code})
     return out
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    flags = {
+        "data_dir": args.home, "store": args.store, "host": args.host, "port": args.port, "auto": args.auto,
+        "discovery": args.discovery, "private": args.private, "peers": args.peer, "interfaces": args.interface,
+        "metrics_port": args.metrics_port, "metrics_host": args.metrics_host, "name": args.name,
+        "log_level": args.log_level or ("info" if args.verbose else None),
+    }
+    try:
+        config = load_config(args.config, flags=flags)
+    except ConfigError as exc:
+        raise CliError(str(exc)) from None
+    home = Home(config.data_dir or default_home())
+    try:
+        identity = home.load_identity()
+    except HomeError as exc:
+        raise CliError(str(exc)) from None
+    store_path = config.store or home.store_path
+    try:
+        store = Store(store_path)
+    except DwnError as exc:
+        raise CliError(f"cannot open {store_path}: {exc}") from None
+    quiet = log_to_stderr(args.verbose, level=config.log_level)
+    try:
+        return run_serve(store, identity, config, status_path=home.path / NODE_STATUS_FILE)
+    finally:
+        quiet()
+        store.close()
+
+
+def cmd_peers(args: argparse.Namespace) -> int:
+    home = home_of(args)
+    try:
+        return browse.run_peers(wait=args.wait, as_json=args.json, interfaces=args.interface,
+                                status_path=home.path / NODE_STATUS_FILE)
+    except browse.PeersFailure as exc:
+        raise CliError(str(exc)) from None
+
+
+def remote_command(args: argparse.Namespace) -> tuple[Identity, bool]:
+    """What ``sync`` and ``repair`` check first: this node's identity, a ``--tenant`` that is a
+    DID, and whether to draw a progress bar."""
+    identity = load_identity(args)
+    if args.tenant is not None and not args.tenant.startswith("did:"):
+        raise CliError(f"--tenant {args.tenant} is not a DID")
+    # A bar only where a person watches (or when asked): a pipe or a log file gets the summary.
+    progress = sys.stderr.isatty() if args.progress is None else bool(args.progress)
+    return identity, progress
+
+
+def cmd_sync(args: argparse.Namespace) -> int:
+    identity, progress = remote_command(args)
+    store = open_store(args, must_exist=False)
+    quiet = log_to_stderr(args.verbose)
+    try:
+        return run_sync(
+            store, identity, args.url, tenant=args.tenant or identity.did, protocol=args.protocol,
+            direction=args.direction, continuous=args.continuous, progress=progress, as_json=args.json,
+        )
+    finally:
+        quiet()
+        store.close()
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    store = open_store(args, must_exist=True)
+    try:
+        report = status_report(store)
+    finally:
+        store.close()
+    if args.json:
+        print_json(report)
+    else:
+        print("\n".join(status_lines(report)))
+    return EXIT_OK
+
+
+def cmd_grant_sync(args: argparse.Namespace) -> int:
+    identity = load_identity(args)
+    store = open_store(args, must_exist=False)
+    try:
+        records = grant_sync(store, identity, args.did, protocol=args.protocol, expires=args.expires)
+    finally:
+        store.close()
+    print_json({"grantor": identity.did, "grantee": args.did, "records": records})
+    return EXIT_OK

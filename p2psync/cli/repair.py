@@ -1,27 +1,35 @@
-"""Body of ``p2psync repair``: carry out one replica's part of a reconcile plan (docs/cli.md,
+"""``p2psync repair``: carry out one replica's part of a reconcile plan (docs/cli.md,
 docs/pipeline.md "Carrying out a plan").
 
 The plan's rows for the replica (``p2psync.pipeline.reconcile.read_repair_items``, no Spark)
 are fetched by CID from one peer with :meth:`Peer.fetch_messages`, one connection per tenant.
-Every failure a user can cause raises :class:`~p2psync.cli_sync.CliFailure`; a repair that ran
+Every failure a user can cause raises :class:`~p2psync.cli.common.CliError`; a repair that ran
 but left messages unrepaired returns :data:`EXIT_INCOMPLETE` after printing why.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
 from typing import Any, Final, TextIO
 
 import trio
+from tqdm import tqdm
 
-from p2psync.cli_sync import CliFailure, check_url, describe_failure, human_bytes, scope_of
+from p2psync import errors
+from p2psync.cli.common import CliError, open_store
+from p2psync.cli.extras import missing_pipeline_module
+from p2psync.cli.sync import check_url, human_bytes, log_to_stderr, remote_command, scope_of
 from p2psync.dwn.did import Identity
 from p2psync.dwn.store import Store
+from p2psync.peer.peer import Peer
 from p2psync.peer.repair import STATUS_ORDER, RepairProgress, RepairSummary
+from p2psync.pipeline.errors import PipelineError
+from p2psync.state.copies import store_id
 
-__all__ = ["EXIT_INCOMPLETE", "run_repair"]
+__all__ = ["EXIT_INCOMPLETE", "cmd_repair", "run_repair"]
 
 #: Some messages could not be repaired (not held by the peer, withheld, refused, deferred).
 #: 3 like ``pipeline audit``'s "found something"; 1 stays "the command failed".
@@ -31,20 +39,20 @@ PROGRESS_MIN_INTERVAL: Final = 0.25
 
 
 def _plan_items(plan: str, replica: str, source: str | None, tenant: str | None) -> list[Any]:
-    from p2psync.pipeline.errors import PipelineError
+    # The [pipeline] extra (pyarrow, pyspark): loaded only when a plan is read.
     from p2psync.pipeline.reconcile import read_plan_summary, read_repair_items
 
     try:
         summary = read_plan_summary(plan)
         known = {e.get("replicaId") for e in summary.get("exports", []) if isinstance(e, dict)}
         if known and replica not in known:
-            raise CliFailure(f"ReplicaNotInPlan: replica {replica} is not one of the plan's exports "
+            raise CliError(f"ReplicaNotInPlan: replica {replica} is not one of the plan's exports "
                              f"({', '.join(sorted(str(k) for k in known))}); give --replica ID or the right --store")
         if source is not None and known and source not in known:
-            raise CliFailure(f"ReplicaNotInPlan: --source {source} is not one of the plan's exports")
+            raise CliError(f"ReplicaNotInPlan: --source {source} is not one of the plan's exports")
         items = read_repair_items(plan, replica, source=source)
     except PipelineError as exc:
-        raise CliFailure(f"{exc.code}: {exc.detail}") from None
+        raise CliError(f"{exc.code}: {exc.detail}") from None
     return [i for i in items if tenant is None or i.tenant == tenant]
 
 
@@ -94,9 +102,6 @@ def run_repair(
 ) -> int:
     """Fetch this replica's plan rows from the peer at ``url``; print the outcome; 0 when every
     message is repaired, :data:`EXIT_INCOMPLETE` when some are not."""
-    from p2psync.peer.peer import Peer
-    from p2psync.state.copies import store_id
-
     stdout = out if out is not None else sys.stdout
     stderr = err if err is not None else sys.stderr
     check_url(url)
@@ -109,8 +114,6 @@ def run_repair(
     peer = Peer(store, identity)
     bar: Any = None
     if progress and items:
-        from tqdm import tqdm
-
         bar = tqdm(total=len(items), desc="repair", unit=" msg", file=stderr, dynamic_ncols=True,
                    mininterval=PROGRESS_MIN_INTERVAL)
 
@@ -130,10 +133,10 @@ def run_repair(
     try:
         results = trio.run(main)
     except Exception as exc:
-        line = describe_failure(exc, url)
+        line = errors.describe(exc, url)
         if line is None:
             raise
-        raise CliFailure(line) from None
+        raise CliError(line) from None
     finally:
         if bar is not None:
             bar.close()
@@ -156,3 +159,22 @@ def run_repair(
     print(f"p2psync: {unrepaired} message(s) not repaired: "
           + ", ".join(f"{n} {reason}" for reason, n in reasons.items()), file=stderr)
     return EXIT_INCOMPLETE
+
+
+def cmd_repair(args: argparse.Namespace) -> int:
+    identity, progress = remote_command(args)
+    store = open_store(args, must_exist=True)
+    quiet = log_to_stderr(args.verbose)
+    try:
+        return run_repair(
+            store, identity, args.plan, args.peer, replica=args.replica, source=args.source, tenant=args.tenant,
+            protocol=args.protocol, progress=progress, as_json=args.json,
+        )
+    except ModuleNotFoundError as exc:  # the plan is Parquet: pyarrow comes with the pipeline extra
+        advice = missing_pipeline_module(exc)
+        if advice is None:
+            raise
+        raise CliError(f"PipelineNotInstalled: {advice}") from None
+    finally:
+        quiet()
+        store.close()

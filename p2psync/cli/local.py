@@ -1,0 +1,172 @@
+"""Commands on this node's own data directory and store: ``init``, ``whoami``, ``protocol
+install``, ``write``, ``read``, ``query`` and ``store digest``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from p2psync.cli.common import (
+    EXIT_OK,
+    CliError,
+    check_reply,
+    home_of,
+    open_node,
+    open_store,
+    print_json,
+)
+from p2psync.cli.home import HomeError
+from p2psync.dwn.did import Identity
+from p2psync.dwn.encoding import message_cid
+from p2psync.dwn.protocols import ProtocolsConfigure
+from p2psync.dwn.records import ALL_RECORDS_FILTER, create_records_query, create_records_read
+from p2psync.dwn.records_write import RecordsWrite
+from p2psync.dwn.store import Store
+from p2psync.state.digest import store_digest
+
+__all__ = ["cmd_init", "cmd_protocol_install", "cmd_query", "cmd_read", "cmd_store_digest", "cmd_whoami", "cmd_write"]
+
+
+def _read_data(args: argparse.Namespace) -> bytes:
+    if args.data is not None:
+        return str(args.data).encode("utf-8")
+    if args.file is not None:
+        try:
+            return Path(args.file).read_bytes()
+        except OSError as exc:
+            raise CliError(f"cannot read {args.file}: {exc.strerror}") from None
+    return sys.stdin.buffer.read()
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    home = home_of(args)
+    if args.import_key:
+        try:
+            identity = Identity.from_jwk(json.loads(Path(args.import_key).read_text()))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise CliError(f"cannot import key from {args.import_key}: {exc}") from None
+    else:
+        identity = Identity.generate(args.did_method)
+    try:
+        home.init(identity)
+    except HomeError as exc:
+        raise CliError(str(exc)) from None
+    Store(home.store_path).close()
+    print(f"initialised {home.path}")
+    print(f"did: {identity.did}")
+    return EXIT_OK
+
+
+def cmd_whoami(args: argparse.Namespace) -> int:
+    identity, dwn = open_node(args)
+    dwn.close()
+    print(identity.did)
+    return EXIT_OK
+
+
+def cmd_protocol_install(args: argparse.Namespace) -> int:
+    try:
+        definition = json.loads(Path(args.file).read_text())
+    except (OSError, ValueError) as exc:
+        raise CliError(f"cannot read protocol definition {args.file}: {exc}") from None
+    identity, dwn = open_node(args)
+    try:
+        message = ProtocolsConfigure.create(definition=definition, signer=identity).message
+        reply = dwn.process_message(identity.did, message)
+        check_reply(reply, "protocol install")
+    finally:
+        dwn.close()
+    print(f"installed {definition.get('protocol')} ({reply.code})")
+    return EXIT_OK
+
+
+def cmd_write(args: argparse.Namespace) -> int:
+    data = _read_data(args)
+    identity, dwn = open_node(args)
+    try:
+        write = RecordsWrite.create(
+            signer=identity,
+            data=data,
+            data_format=args.data_format,
+            schema=args.schema,
+            protocol=args.protocol,
+            protocol_path=args.protocol_path,
+            parent_context_id=args.parent_context_id,
+            recipient=args.recipient,
+            published=True if args.published else None,
+        )
+        reply = dwn.process_message(args.tenant or identity.did, write.message, data)
+        check_reply(reply, "write")
+    finally:
+        dwn.close()
+    out = {
+        "recordId": write.record_id,
+        "messageCid": message_cid(write.message),
+        "dataCid": write.descriptor["dataCid"],
+        "dataSize": len(data),
+        "status": reply.code,
+    }
+    if "contextId" in write.message:
+        out["contextId"] = write.message["contextId"]
+    print_json(out)
+    return EXIT_OK
+
+
+def cmd_read(args: argparse.Namespace) -> int:
+    identity, dwn = open_node(args)
+    try:
+        message = create_records_read(signer=identity, filter={"recordId": args.record_id})
+        reply = dwn.process_message(args.tenant or identity.did, message)
+        check_reply(reply, "read")
+    finally:
+        dwn.close()
+    assert reply.data is not None
+    if args.out:
+        Path(args.out).write_bytes(reply.data)
+        print(f"wrote {len(reply.data)} bytes to {args.out}")
+    else:
+        sys.stdout.buffer.write(reply.data)
+        sys.stdout.buffer.flush()
+    return EXIT_OK
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    flt: dict[str, Any] = {}
+    for key, value in (("protocol", args.protocol), ("protocolPath", args.protocol_path), ("schema", args.schema),
+                       ("contextId", args.context_id), ("recipient", args.recipient)):
+        if value is not None:
+            flt[key] = value
+    identity, dwn = open_node(args)
+    try:
+        message = create_records_query(signer=identity, filter=flt or ALL_RECORDS_FILTER)
+        reply = dwn.process_message(args.tenant or identity.did, message)
+        check_reply(reply, "query")
+    finally:
+        dwn.close()
+    rows = []
+    for e in reply.entries or []:
+        d = e["descriptor"]
+        stored = {k: v for k, v in e.items() if k not in ("encodedData", "initialWrite")}
+        rows.append({"recordId": e["recordId"], "messageCid": message_cid(stored), "dataSize": d["dataSize"],
+                     "dataFormat": d["dataFormat"], "protocolPath": d.get("protocolPath"),
+                     "dateCreated": d["dateCreated"]})
+    if args.json:
+        print_json(rows)
+    else:
+        for r in rows:
+            print(f"{r['recordId']}  {r['dataSize']:>9} B  {r['dataFormat']:<28} {r['protocolPath'] or '-'}")
+        print(f"{len(rows)} record(s)")
+    return EXIT_OK
+
+
+def cmd_store_digest(args: argparse.Namespace) -> int:
+    store = open_store(args, must_exist=True)
+    try:
+        digest = store_digest(store, args.tenant)
+    finally:
+        store.close()
+    print_json(digest)
+    return EXIT_OK
