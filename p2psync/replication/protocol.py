@@ -361,6 +361,10 @@ class ReplicationProtocol:
         """Run ``gen`` as an operation of its own; its handle is returned."""
         return self._command(gen, name)
 
+    def slots(self, count: int) -> Slots:
+        """A semaphore for operations of this connection."""
+        return Slots(count, self._ready)
+
     def join(self, operations: list[Operation]) -> Effects:
         """Until every one of ``operations`` ended or one failed (as a nursery does); then
         raise the failure that says most (a refusal before a lost connection), if any. The

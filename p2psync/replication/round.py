@@ -37,6 +37,7 @@ from p2psync.replication.effects import (
     RecordSuccess,
     ResetCheckpoint,
     RewindCheckpoint,
+    Slots,
     Transition,
 )
 from p2psync.replication.hello import Hello
@@ -65,6 +66,8 @@ class RoundHost(Protocol):
     collections: list[Collection | None]
 
     def start_operation(self, gen: Effects, name: str) -> Operation: ...
+
+    def slots(self, count: int) -> Slots: ...
 
     def join(self, operations: list[Operation]) -> Effects: ...
 
@@ -128,6 +131,9 @@ class SyncRound:
         #: the final save has begun (the driver's periodic save stands aside)
         self.finishing = False
         self._saved: dict[str, Any] | None = None
+        #: one save at a time, each reading the ledger when its turn comes: a periodic save
+        #: still in flight must not land after (and over) the final one
+        self._saving = proto.slots(1)
         self._replay_until = -1
         self._directions: list[Operation] = []
 
@@ -251,6 +257,13 @@ class SyncRound:
         """Send the pair as the ledger holds it (only committed documents, §4.4 order)."""
         if self.key is None:
             return
+        yield from self._saving.acquire()
+        try:
+            yield from self._save()
+        finally:
+            self._saving.release()
+
+    def _save(self) -> Effects:
         yield FlushCommits()
         pull, _ = yield ReadCheckpoint(self.key, Direction.PULL)
         push, _ = yield ReadCheckpoint(self.key, Direction.PUSH)
