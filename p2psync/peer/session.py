@@ -86,6 +86,7 @@ class PeerSession:
         self.observer = proto.observer
         self.conn: blip.Connection | None = None
         self._replies: dict[int, list[Any]] = {}  # rid -> [event, output]
+        self._durable: dict[Any, list[int]] = {}  # group-commit batch -> refs waiting for it
         self._rids = 0
         self._handlers: dict[str, Handler] | None = None
 
@@ -185,6 +186,15 @@ class PeerSession:
 
     def _store(self, call: StoreCall) -> None:
         request = call.request
+        if isinstance(request, Durable):
+            # One task per batch waits for its commit and answers every `rev` in it.
+            waiting = self._durable.get(request.ticket)
+            if waiting is None:
+                waiting = self._durable[request.ticket] = []
+                assert self.conn is not None
+                self.conn.start_soon(self._batch_durable, request.ticket)
+            waiting.append(call.ref)
+            return
         if request.durable:
             assert self.conn is not None
             self.conn.start_soon(self._store_durable, call)
@@ -205,13 +215,26 @@ class PeerSession:
         else:
             self.proto.store_done(call.ref, value)
 
+    async def _batch_durable(self, ticket: Any) -> None:
+        error: BaseException | None = None
+        try:
+            await self.service.committer.durable(ticket)
+        except StoreUnavailable as exc:
+            error = exc.as_refusal()
+        finally:
+            refs = self._durable.pop(ticket, [])
+        for ref in refs:
+            if error is None:
+                self.proto.store_done(ref, None)
+            else:
+                self.proto.store_failed(ref, error)
+        self.pump()
+
     async def _store_durable(self, call: StoreCall) -> None:
         request, committer = call.request, self.service.committer
         try:
             value: Any = None
-            if isinstance(request, Durable):
-                await committer.durable(request.ticket)
-            elif isinstance(request, WaitForLog):
+            if isinstance(request, WaitForLog):
                 with trio.move_on_after(POLL_INTERVAL):
                     await committer.wait_commit()
             else:

@@ -57,6 +57,8 @@ class StoreService:
         self.authorizer = authorizer if authorizer is not None else ReadAuthorizer(store)
         self.origins = Origins(store)
         self.fetcher = LocalStoreFetcher(store)
+        #: ledger steps waiting for the open batch's commit, by (link key, direction)
+        self._at_commit: dict[tuple[Any, Any], list[Any]] = {}
         self._sync: dict[type, Callable[[Any], Any]] = {
             fx.ReadCopy: self._read_copy,
             fx.Authorize: self._authorize,
@@ -102,11 +104,20 @@ class StoreService:
 
     def record_at_commit(self, request: fx.RecordSteps, failed: Callable[[int, PeerError], None]) -> None:
         """Give the ledger ``request``'s steps just before the open batch commits; an overflow
-        is reported to ``failed(index, error)`` (the sink then stops taking items)."""
+        is reported to ``failed(index, error)`` (the sink then stops taking items). Steps of one
+        link and direction in one batch are recorded together, in order: one ledger write per
+        batch, not one per `rev`."""
+        slot = (request.key, request.direction)
+        pending = self._at_commit.get(slot)
+        if pending is not None:
+            pending.extend(request.steps)
+            return
+        steps = self._at_commit[slot] = list(request.steps)
 
         def hook() -> None:
+            del self._at_commit[slot]
             try:
-                self.ledger.record(request.key, request.direction, list(request.steps))
+                self.ledger.record(request.key, request.direction, steps)
             except CheckpointPendingOverflow as exc:
                 failed(request.index, PeerError(409, "CheckpointPendingOverflow", str(exc)))
 
