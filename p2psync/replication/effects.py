@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Generator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
 
 from p2psync.dwn.progress import ProgressToken
@@ -499,7 +499,6 @@ class Pending:
     name: str
     rid: int | None = None
     handle: Operation | None = None
-    meta: dict[str, Any] = field(default_factory=dict)
 
 
 class Slots:

@@ -168,6 +168,7 @@ class ReplicationProtocol:
         self._ready: deque[tuple[Pending, Any, BaseException | None]] = deque()
         self._out: list[Output] = []
         self._waiting: dict[int, Pending] = {}  # ref -> the operation waiting on it
+        self._remote: set[int] = set()  # the refs of those that wait on the other peer
         self._refs = 0
         self._hello_op: Operation | None = None
         self._hello_changed = Signal(self._ready)
@@ -229,10 +230,9 @@ class ReplicationProtocol:
         self.close_reason = reason
         self._changed.fire()
         lost = ConnectionLost(reason)
-        for ref, task in list(self._waiting.items()):
-            if task.meta.get("remote", {}).get(ref):
-                del self._waiting[ref]
-                self._ready.append((task, None, lost))
+        for ref in sorted(self._remote):
+            self._ready.append((self._waiting.pop(ref), None, lost))
+        self._remote.clear()
         for sink in self.sinks.values():
             sink.fail(lost)
         self._hello_changed.fire()
@@ -253,6 +253,7 @@ class ReplicationProtocol:
         for ref, task in list(self._waiting.items()):
             if task.handle is not None and task.handle is self._hello_op:
                 del self._waiting[ref]
+                self._remote.discard(ref)
                 self._ready.append((task, None, HelloTimeout("no hello in time")))
         self._hello_changed.fire()
         self._run()
@@ -445,7 +446,7 @@ class ReplicationProtocol:
         task = self._waiting.pop(ref, None)
         if task is None:
             return  # an answer for an operation that already ended (the connection closed)
-        task.meta.get("remote", {}).pop(ref, None)
+        self._remote.discard(ref)
         self._ready.append((task, value, error))
         self._run()
 
@@ -474,7 +475,7 @@ class ReplicationProtocol:
                 self._ready.append((task, None, ConnectionLost(self.close_reason or "closed")))
                 return
             ref = self._park(task)
-            task.meta.setdefault("remote", {})[ref] = True
+            self._remote.add(ref)
             self._out.append(SendRequest(ref, effect.profile, effect.properties, effect.body, effect.urgent,
                                          effect.compress, max_reply=effect.max_reply))
         elif isinstance(effect, Notify):
