@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import traceback
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -199,7 +200,9 @@ class Simulation:
 
     def _options(self) -> dict[str, float]:
         w = WEIGHTS
-        options: dict[str, float] = {"write": w["write"]}
+        options: dict[str, float] = {}
+        if any(p.up for p in self.peers):
+            options["write"] = w["write"]
         if any(c.in_flight for c in self._alive()):
             options["deliver"] = w["deliver"]
         if any(p.up and (p.committer.in_batch or p.pending) for p in self.peers):
@@ -214,7 +217,7 @@ class Simulation:
             options["partition"] = w["partition"]
             options["crash"] = w["crash"]
             options["slow"] = w["slow"]
-        return options
+        return options or {"idle": 1.0}
 
     def _scheduled(self) -> None:
         """Peers whose downtime is over restart."""
@@ -257,6 +260,9 @@ class Simulation:
         return [c for c in self._alive() if c.round is not None and c.op is not None and not c.op.done
                 and not c.round.finishing and c.save is None]
 
+    def _do_idle(self) -> None:
+        """Every peer is down: time passes."""
+
     def _do_deliver(self) -> None:
         conns = [c for c in self._alive() if c.in_flight]
         conn = self.rng.choice(conns)
@@ -272,8 +278,7 @@ class Simulation:
     def _deliver(self, conn: Connection, envelope: Envelope) -> None:
         end = conn.ends[envelope.to]
         self.counts["delivered"] += 1
-        if self.on_event is not None:  # a line per delivery only when someone watches
-            self.log(f"deliver {conn.link.name}#{conn.number} -> {end.peer.name} {envelope.kind} {envelope.label}")
+        self.log(f"deliver {conn.link.name}#{conn.number} -> {end.peer.name} {envelope.kind} {envelope.label}")
         if envelope.kind == "request":
             end.proto.receive_request(*envelope.args)
         elif envelope.kind == "reply":
@@ -768,5 +773,13 @@ def _head(peer: SimPeer, tenant: str) -> int | None:
 
 
 def run_seed(seed: int, config: SimConfig, workdir: Path, on_event: Callable[[str], None] | None = None) -> SeedResult:
-    """Run one seed in ``workdir`` (an empty directory the caller owns)."""
-    return Simulation(seed, config, workdir, on_event).run()
+    """Run one seed in ``workdir`` (an empty directory the caller owns). An exception escaping
+    the protocol, the store or the simulator is a finding too (the seed is ``stuck``)."""
+    sim = Simulation(seed, config, workdir, on_event)
+    try:
+        return sim.run()
+    except Exception as exc:
+        sim.finding("stuck", "exception", "".join(traceback.format_exception(exc)).strip()[-2000:])
+        sim.close()
+        digest = hashlib.sha256("\n".join(sim.trace).encode()).hexdigest()
+        return SeedResult(seed, config, "stuck", sim.findings, sim.counts, sim.trace, digest)
