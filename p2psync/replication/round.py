@@ -183,6 +183,11 @@ class SyncRound:
             copy = DirectionCheckpoint()
         mine, theirs = local.contiguous_applied_token, copy.contiguous_applied_token
         if mine == theirs:
+            if local.pending_tokens or local.unapplied_tokens:
+                # The round replays from the frontier anyway; a token left unapplied whose entry
+                # has since left the source's log would never be listed again, and would hold
+                # the frontier back for good (p2psync sim finds it within a few hundred steps).
+                yield RewindCheckpoint(self.key, direction, mine, "unsettled_at_resume")
             return mine
         if direction == Direction.PUSH and local.received_token is not None:
             # Replaying below what we had pushed: the sink may have lost those; no suppression.
