@@ -154,12 +154,21 @@ class Simulation:
     # == the run ===============================================================================
 
     def run(self) -> SeedResult:
+        """The whole run: the faulty phase, quiescence, the verdict."""
+        self.play()
+        return self.finish(self.quiesce())
+
+    def play(self) -> None:
+        """The faulty phase: ``steps`` events with writers and faults."""
         for _ in range(self.config.steps):
             self.step()
-        quiet = self.quiesce()
+
+    def finish(self, quiet: bool, *, check_links: bool = True) -> SeedResult:
+        """Judge the invariants (after :meth:`quiesce`; ``quiet``: whether it quiesced), close
+        the stores and return the result. ``check_links``: judge the links' frontiers too."""
         if not quiet:
             self.finding("stuck", "no_quiescence", f"no quiescence after {MAX_PASSES} passes of rounds")
-        canonical_diverged = self.judge(check_links=quiet)
+        canonical_diverged = self.judge(check_links=quiet and check_links)
         self.close()
         outcome = "converged"
         for cls in CLASSES:
@@ -358,6 +367,8 @@ class Simulation:
     def _do_crash(self) -> None:
         peer = self.rng.choice([p for p in self.peers if p.reachable(self.clock.step)])
         in_batch = peer.committer.in_batch
+        if in_batch:
+            self.counts["crash_lost_batch"] += 1
         peer.crash()
         peer.down_until = self.clock.step + self.rng.randint(2, 25)
         self.counts["crash"] += 1
