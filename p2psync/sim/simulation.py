@@ -16,6 +16,7 @@ its own, so a crash can lose an open batch whose writers have not been answered 
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 import traceback
 from collections import Counter
@@ -26,6 +27,7 @@ from typing import Any, Final
 
 from p2psync.replication.checkpoint import Direction, DirectionCheckpoint, LinkState
 from p2psync.replication.effects import (
+    Apply,
     CloseConnection,
     ConnectionLost,
     Durable,
@@ -146,6 +148,7 @@ class Simulation:
         self.monitors = [_Monitor() for _ in self.peers]
         self.phase = "faults"
         self.max_in_flight = 0
+        self.applies: dict[tuple[int, str], str] = {}  # (peer, cid) -> its latest apply result
         self.suspects: list[tuple[int, str, str]] = []  # (peer, cid, why): frontier past a missing message
         self.log(f"seed {seed}: {config.peers} peers, links "
                  + " ".join(f"{lk.name}:p{lk.active}->p{lk.passive}" for lk in self.links)
@@ -481,8 +484,20 @@ class Simulation:
             except Exception as exc:
                 end.proto.store_failed(call.ref, exc)
             else:
+                if isinstance(request, Apply):
+                    self._note_apply(peer, request, value[0])
                 end.proto.store_done(call.ref, value)
         self._resolve(peer)
+
+    def _note_apply(self, peer: SimPeer, request: Apply, result: Any) -> None:
+        """Keep each message's latest apply result per peer (the findings quote it)."""
+        text = result.kind
+        wire = result.to_json()
+        detail = wire.get("reason") or wire.get("code") or wire.get("missing")
+        if detail:
+            text += f" {json.dumps(detail, sort_keys=True, default=str)[:120]}"
+        self.applies[(peer.index, request.entry.cid)] = text
+        self.counts[f"apply_{result.kind}"] += 1
 
     def _resolve(self, peer: SimPeer) -> None:
         """Answer the durable requests whose batch has committed (or failed)."""
@@ -725,19 +740,24 @@ class Simulation:
         for authored in sorted(union, key=lambda a: (a.step, a.cid)):
             if authored.cid not in canonical.messages:
                 continue
-            lacking = [p.name for p, s in zip(self.peers, states, strict=True) if authored.cid not in s.messages]
+            lacking = [p for p, s in zip(self.peers, states, strict=True) if authored.cid not in s.messages]
             if lacking:
                 self.finding("lost", "message", f"{authored.op} {authored.cid[-10:]} accepted on {authored.peer} at"
-                             f" step {authored.step} is canonical but missing on {','.join(lacking)}")
+                             f" step {authored.step} is canonical but missing on "
+                             + ", ".join(f"{p.name} ({self._applied(p.index, authored.cid)})" for p in lacking))
         self._check_frontiers(after_crash=False)
         seen: set[tuple[int, str]] = set()
         for index, cid, why in self.suspects:
             if cid in canonical.messages and (index, cid) not in seen:
                 seen.add((index, cid))
-                self.finding("lost", "frontier", f"{self.peers[index].name} lacks {cid[-10:]}: {why}")
+                self.finding("lost", "frontier", f"{self.peers[index].name} lacks {cid[-10:]}: {why}"
+                             f" ({self._applied(index, cid)})")
         if check_links:
             self._check_links(states)
         return diverged
+
+    def _applied(self, peer: int, cid: str) -> str:
+        return self.applies.get((peer, cid), "never applied")
 
     def _check_links(self, states: list[ReplicaState]) -> None:
         for link in self.links:
@@ -756,9 +776,12 @@ class Simulation:
                 frontier = checkpoint.contiguous_applied_token
                 at = None if frontier is None else (frontier.domain, frontier.position)
                 if head is not None and at != (source.stream, head):
+                    follower = passive if direction == Direction.PUSH else active
+                    blocked = ", ".join(f"{t.message_cid[-10:]}: {self._applied(follower.index, t.message_cid)}"
+                                        for t in checkpoint.unapplied_tokens[:2])
                     self.finding("stuck", "frontier", f"{link.name} {direction}: frontier {_pos(checkpoint)},"
                                  f" head of {source.name}'s log {head}"
-                                 f" (unapplied {len(checkpoint.unapplied_tokens)})")
+                                 f" (unapplied {len(checkpoint.unapplied_tokens)}: {blocked})")
 
 
 def _pending(conn: Connection, side: int, ref: int, batch: Any, value: Any = None) -> PendingDurable:
