@@ -748,6 +748,8 @@ class Simulation:
         self._check_frontiers(after_crash=False)
         seen: set[tuple[int, str]] = set()
         for index, cid, why in self.suspects:
+            if self._applied(index, cid).split()[0] in ("Invalid", "Superseded"):
+                continue  # settled by the engine's refusal, as §11 says: the message finding tells
             if cid in canonical.messages and (index, cid) not in seen:
                 seen.add((index, cid))
                 self.finding("lost", "frontier", f"{self.peers[index].name} lacks {cid[-10:]}: {why}"
