@@ -181,6 +181,9 @@ class StoreService:
         return None, ProgressToken(stream_id, epoch, int(row[0]), str(row[1]))
 
     def _read_page(self, request: fx.ReadPage) -> list[fx.PageRow]:
+        # List only committed entries: one in the open batch can be rolled back by a crash and
+        # its position reused by another message, under a token a puller already keeps.
+        self._flush(fx.FlushCommits())
         store, tenant = self.store, request.tenant
         if store.tenant_id(tenant, create=False) is None:
             return []

@@ -7,6 +7,7 @@ from pathlib import Path
 from p2psync.dwn.records_write import RecordsWrite
 from p2psync.replication.checkpoint import Direction
 from p2psync.replication.tokens import ProgressToken
+from p2psync.sim.network import Link
 from p2psync.sim.simulation import SimConfig, Simulation
 from p2psync.sim.writers import NOTE
 
@@ -55,4 +56,54 @@ def test_a_token_left_unapplied_whose_entry_left_the_log_does_not_hold_the_front
     assert [t.reason for t in active.ledger.transitions(key) if t.kind == "checkpoint_rewind"][-1:] == [
         "unsettled_at_resume"
     ]
+    sim.close()
+
+
+def test_a_pull_feed_lists_only_committed_log_entries(tmp_path: Path) -> None:
+    """Stress weights, `--seed 18` (4 peers): p2 had pulled messages into its open group
+    commit, p1 pulled them from p2 and its pull frontier moved past them; p2 crashed, the batch
+    was rolled back, and p2's next messages took the same log positions — under p1's frontier,
+    never to be listed to p1 (unless the reused token happened to differ). A pull feed now
+    commits the open batch before it reads a page."""
+    sim = Simulation(0, SimConfig(peers=3, steps=0, topology="line"), tmp_path)
+    sim.links = [Link(0, active=2, passive=0), Link(1, active=1, passive=2)]
+    p0, p1, p2 = sim.peers
+    alice = sim.cast.alice
+    for i in range(6):
+        now = sim.clock.timestamp(i)
+        note = RecordsWrite.create(signer=alice, data=b"n%d" % i, schema=NOTE, data_format="text/plain",
+                                   message_timestamp=now, date_created=now)
+        assert p0.dwn.process_message(sim.tenant, note.message, b"n%d" % i).code == 202
+    # p2 pulls from p0: applies land in p2's open batch; nothing commits p2 here.
+    first = sim.connect(sim.links[0])
+    sim.settle()
+    while first.in_flight and p2.log_version() < 4:
+        sim._deliver(first, first.in_flight.pop(0))
+        sim.settle()
+    assert p2.committer.in_batch and p2.log_version() >= 3
+    # p1 pulls from p2 meanwhile, committing its own store as it goes.
+    second = sim.connect(sim.links[1])
+    sim.settle()
+    for _ in range(2000):
+        if second.in_flight:
+            sim._deliver(second, second.in_flight.pop(0))
+        elif p1.pending or p1.committer.in_batch:
+            sim.commit(p1)
+        else:
+            break
+        sim.settle()
+        keys = p1.ledger.links(sim.tenant)
+        if keys and p1.ledger.get_checkpoint(keys[0].key, Direction.PULL)[0].contiguous_applied_token is not None:
+            break
+    key = p1.ledger.links(sim.tenant)[0].key
+    sim.commit(p1)
+    frontier = p1.ledger.get_checkpoint(key, Direction.PULL)[0].contiguous_applied_token
+    assert frontier is not None
+    # p2 crashes: what its pull feed listed must have been committed.
+    sim._close(first, "test", failed=True)
+    sim._close(second, "test", failed=True)
+    p2.crash()
+    p2.open()
+    listed = dict(p2.store.events.read(sim.tenant, after=-1, limit=100))
+    assert listed.get(frontier.position) == frontier.message_cid
     sim.close()
