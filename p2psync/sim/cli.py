@@ -5,6 +5,7 @@
     --topology line|star|ring|mesh|random      default random (a random connected graph)
     --steps N                                  steps of writers and faults before healing
     --ops basic|full                           creates and updates, or the full mix
+    --faults normal|heavy                      heavy: ten times the crashes, drops, partitions
 
 A failing seed prints its findings and the command that replays it. The last line is always
 ``sim: K seeds, C converged, D diverged, L lost, S stuck``; the exit status is 0 only when
@@ -20,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
-from p2psync.sim.simulation import SeedResult, SimConfig, run_seed
+from p2psync.sim.simulation import FAULT_MIXES, SeedResult, SimConfig, run_seed
 from p2psync.sim.world import TOPOLOGIES
 from p2psync.sim.writers import OPS
 
@@ -37,6 +38,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--topology", choices=TOPOLOGIES, default="random")
     p.add_argument("--steps", type=int, default=SimConfig.steps, help="steps of writers and faults")
     p.add_argument("--ops", choices=OPS, default="basic", help="basic: creates and updates; full: all ops")
+    p.add_argument("--faults", choices=FAULT_MIXES, default="normal",
+                   help="heavy: crashes, drops and partitions ten times as often")
     p.add_argument("--quiet", action="store_true", help="print only the summary line")
     return p
 
@@ -67,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.trace and args.seed is None:
         print("sim: --trace needs --seed S", file=sys.stderr)
         return 2
-    config = SimConfig(peers=args.peers, steps=args.steps, topology=args.topology, ops=args.ops)
+    config = SimConfig(peers=args.peers, steps=args.steps, topology=args.topology, ops=args.ops, faults=args.faults)
     seeds = [args.seed] if args.seed is not None else list(range(args.seed_start, args.seed_start + args.seeds))
     results: list[SeedResult] = []
     for seed in seeds:

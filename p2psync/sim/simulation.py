@@ -50,7 +50,7 @@ from p2psync.sim.world import PendingDurable, SimClock, SimPeer, edges_of, seede
 from p2psync.sim.writers import Cast, Writer
 from p2psync.state.committer import StoreUnavailable
 
-__all__ = ["FAULTS", "SeedResult", "SimConfig", "Simulation", "run_seed"]
+__all__ = ["FAULTS", "FAULT_MIXES", "SeedResult", "SimConfig", "Simulation", "run_seed"]
 
 #: The faults a run injects (each counted in ``SeedResult.counts``).
 FAULTS: Final = ("drop", "partition", "crash", "slow")
@@ -59,6 +59,11 @@ WEIGHTS: Final = {
     "deliver": 60.0, "commit": 8.0, "connect": 8.0, "write": 6.0, "save": 2.0,
     "drop": 0.6, "partition": 0.3, "crash": 0.4, "slow": 0.3,
 }
+#: ``--faults heavy``: crashes, drops and partitions ten times as often, user writes and
+#: periodic saves more often and commits rarer, so more crashes find an open batch.
+HEAVY: Final = {**WEIGHTS, "crash": 3.0, "drop": 3.0, "partition": 1.0, "commit": 2.0, "write": 10.0, "save": 6.0}
+#: The fault mixes ``--faults`` names.
+FAULT_MIXES: Final = ("normal", "heavy")
 #: A delivery to a slow consumer goes ahead only this often (it is picked, then held back).
 SLOW_DELIVERY: Final = 0.25
 #: Quiescence: passes of rounds over every link before the seed counts as stuck.
@@ -78,10 +83,12 @@ class SimConfig:
     steps: int = 250
     topology: str = "random"
     ops: str = "basic"
+    faults: str = "normal"
 
     def replay(self, seed: int) -> str:
+        faults = f" --faults {self.faults}" if self.faults != "normal" else ""
         return (f"python -m p2psync.sim --peers {self.peers} --seed {seed} --steps {self.steps}"
-                f" --topology {self.topology} --ops {self.ops} --trace")
+                f" --topology {self.topology} --ops {self.ops}{faults} --trace")
 
 
 @dataclass
@@ -118,6 +125,8 @@ class Simulation:
                  on_event: Callable[[str], None] | None = None) -> None:
         if not 2 <= config.peers <= 6:
             raise ValueError("peers must be 2 to 6")
+        if config.faults not in FAULT_MIXES:
+            raise ValueError(f"faults must be one of {FAULT_MIXES}")
         self.seed = seed
         self.config = config
         self.workdir = workdir
@@ -211,7 +220,7 @@ class Simulation:
         self._after_step()
 
     def _options(self) -> dict[str, float]:
-        w = WEIGHTS
+        w = HEAVY if self.config.faults == "heavy" else WEIGHTS
         options: dict[str, float] = {}
         if any(p.up for p in self.peers):
             options["write"] = w["write"]

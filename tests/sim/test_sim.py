@@ -32,6 +32,13 @@ def test_the_default_op_mix_converges(tmp_path: Path, seed: int) -> None:
     assert result.outcome == "converged", "\n".join([*map(str, result.findings), config.replay(seed)])
 
 
+@pytest.mark.parametrize("seed", range(30))
+def test_heavy_faults_converge_too(tmp_path: Path, seed: int) -> None:
+    config = SimConfig(peers=3 + seed % 3, steps=150, topology=TOPOLOGIES[seed % 5], faults="heavy")
+    result = run_seed(seed, config, tmp_path)
+    assert result.outcome == "converged", "\n".join([*map(str, result.findings), config.replay(seed)])
+
+
 def test_a_seed_replays_identically(tmp_path: Path) -> None:
     config = SimConfig(peers=4, steps=150, topology="mesh")
     first = run_seed(7, config, tmp_path / "a")
