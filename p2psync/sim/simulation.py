@@ -44,7 +44,7 @@ from p2psync.replication.hello import Hello
 from p2psync.replication.protocol import ReplicationProtocol
 from p2psync.replication.scope import SyncScope
 from p2psync.replication.wire import PeerError
-from p2psync.sim.check import CLASSES, Finding, ReplicaState, canonical_state, regressed, replica_state
+from p2psync.sim.check import CLASSES, Finding, canonical_state, regressed, replica_state
 from p2psync.sim.network import Connection, Endpoint, Envelope, Link
 from p2psync.sim.world import PendingDurable, SimClock, SimPeer, edges_of, seeded_uuid
 from p2psync.sim.writers import Cast, Writer
@@ -155,7 +155,6 @@ class Simulation:
         self.touched: dict[Connection, None] = {}
         self.connections = 0
         self.monitors = [_Monitor() for _ in self.peers]
-        self.phase = "faults"
         self.max_in_flight = 0
         self.applies: dict[tuple[int, str], str] = {}  # (peer, cid) -> its latest apply result
         self.suspects: list[tuple[int, str, str]] = []  # (peer, cid, why): frontier past a missing message
@@ -675,7 +674,6 @@ class Simulation:
     def quiesce(self) -> bool:
         """Stop writers and faults, heal everything, and run rounds on every link until a whole
         pass moves nothing. False when that does not happen within ``MAX_PASSES``."""
-        self.phase = "quiesce"
         self.log("quiesce: writers and faults stop, everything heals")
         for peer in self.peers:
             if not peer.up:
@@ -764,13 +762,13 @@ class Simulation:
                 self.finding("lost", "frontier", f"{self.peers[index].name} lacks {cid[-10:]}: {why}"
                              f" ({self._applied(index, cid)})")
         if check_links:
-            self._check_links(states)
+            self._check_links()
         return diverged
 
     def _applied(self, peer: int, cid: str) -> str:
         return self.applies.get((peer, cid), "never applied")
 
-    def _check_links(self, states: list[ReplicaState]) -> None:
+    def _check_links(self) -> None:
         for link in self.links:
             active, passive = self.peers[link.active], self.peers[link.passive]
             remote = f"{self.tenant}?storeId={passive.store_id}"
