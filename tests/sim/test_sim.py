@@ -3,7 +3,10 @@ fault really happens; a broken invariant is caught; the command line's contract.
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -48,6 +51,18 @@ def test_a_seed_replays_identically(tmp_path: Path) -> None:
     assert first.counts == second.counts
     other = run_seed(8, config, tmp_path / "c")
     assert other.digest != first.digest
+
+
+def test_a_seed_replays_identically_in_another_process() -> None:
+    """String hashing is randomized per process: nothing the run decides may depend on it."""
+    command = [sys.executable, "-m", "p2psync.sim", "--peers", "3", "--seed", "3", "--steps", "80", "--trace"]
+    outputs = []
+    for hash_seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120, check=True)
+        outputs.append(done.stdout)
+    assert outputs[0] == outputs[1]
+    assert outputs[0].count(" deliver ") > 50
 
 
 def test_every_fault_happens(tmp_path: Path) -> None:
