@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from p2psync.replication.checkpoint import Direction, DirectionCheckpoint, LinkState
+from p2psync.replication.checkpoint import Direction, DirectionCheckpoint, LinkState, checkpoint_id
 from p2psync.replication.effects import (
     Apply,
     CloseConnection,
@@ -628,18 +628,25 @@ class Simulation:
         return remote
 
     def _check_frontiers(self, *, after_crash: bool) -> None:
-        """No frontier covers a message of the log it follows that its own store lacks (and
-        holds nothing of that record instead). Suspects are judged against canonical at the end."""
+        """No durable frontier covers a message of the log it follows that the follower lacks
+        (and holds nothing of that record instead). A pull frontier is the puller's ledger,
+        committed with its applies. For a push, the pusher's ledger may run ahead of what the
+        passive made durable — §4.4's start-point comparison with the passive's copy catches
+        that — so the copy is what must never run ahead. Suspects are judged at the end."""
         for link in self.links:
             active, passive = self.peers[link.active], self.peers[link.passive]
             if not (active.up and passive.up):
                 continue
             remote = f"{self.tenant}?storeId={passive.store_id}"
-            keys = [lk.key for lk in active.ledger.links(self.tenant) if lk.key.remote == remote]
-            for key in keys:
-                for direction, follower, source in ((Direction.PULL, active, passive),
-                                                    (Direction.PUSH, passive, active)):
-                    checkpoint, _ = active.ledger.get_checkpoint(key, direction)
+            for found in active.ledger.links(self.tenant):
+                if found.key.remote != remote:
+                    continue
+                pull, _ = active.ledger.get_checkpoint(found.key, Direction.PULL)
+                cp_id = checkpoint_id(active.store_id, passive.store_id, found.key.scope_id, self.tenant)
+                copy = passive.service.copies.get(self.tenant, cp_id)
+                push = DirectionCheckpoint.from_wire(copy[0].get("push", {})) if copy else DirectionCheckpoint()
+                for direction, checkpoint, follower, source in ((Direction.PULL, pull, active, passive),
+                                                                (Direction.PUSH, push, passive, active)):
                     for cid in self._covered_missing(checkpoint, follower, source):
                         self.suspects.append((follower.index, cid, f"{direction} frontier of {active.name}"
                                               f"->{passive.name} covers it"
