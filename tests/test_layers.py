@@ -28,7 +28,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("dwn", "blip"),
     ("replication",),
     ("state",),
-    ("peer",),
+    ("peer", "sim"),
     ("discovery", "pipeline", "conformance"),
     ("node",),
     ("demo",),
@@ -37,8 +37,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 )
 
 #: Imports the layer order would allow but the design does not: replication is sans-I/O
-#: protocol logic and knows no transport.
-FORBIDDEN: tuple[tuple[str, str], ...] = (("replication", "blip"),)
+#: protocol logic and knows no transport; the simulator drives protocol objects without one.
+FORBIDDEN: tuple[tuple[str, str], ...] = (("replication", "blip"), ("sim", "blip"))
 
 #: Who may import the CLI: the CLI itself and ``python -m p2psync``.
 CLI = "cli"
