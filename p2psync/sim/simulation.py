@@ -577,11 +577,29 @@ class Simulation:
             link.failed = False
             link.synced = conn.versions
             link.rounds_ok += 1
+            self._check_copy(conn)
         self.log(f"close {link.name}#{conn.number}: {reason}")
         for end in conn.ends:
             if self._current(end):
                 end.proto.connection_lost(reason)
         self._collect(conn)
+
+    def _check_copy(self, conn: Connection) -> None:
+        """After a round that succeeded, the passive's copy of the pair is the active's ledger
+        (§4.4: else the next round starts with a rewind it did not need)."""
+        active, passive = conn.active.peer, conn.passive.peer
+        key = conn.round.key if conn.round is not None else None
+        if key is None or not (self._current(conn.active) and self._current(conn.passive)):
+            return
+        pair = {str(d): active.ledger.get_checkpoint(key, d)[0].to_wire() for d in (Direction.PULL, Direction.PUSH)}
+        cp_id = checkpoint_id(active.store_id, passive.store_id, key.scope_id, self.tenant)
+        copy = passive.service.copies.get(self.tenant, cp_id)
+        if copy is None or copy[0] != pair:
+            theirs = {d: _pos(DirectionCheckpoint.from_wire(copy[0].get(d, {}))) for d in ("pull", "push")} if copy \
+                else None
+            self.finding("diverged", "copy", f"{conn.link.name}#{conn.number}: after the round the copy on"
+                         f" {passive.name} is {theirs}, the ledger of {active.name}"
+                         f" {({d: _pos(DirectionCheckpoint.from_wire(w)) for d, w in pair.items()})}")
 
     def _busy_ops(self, conn: Connection) -> str:
         return ",".join(op.name for op in (conn.hello, conn.op, conn.save) if op is not None and not op.done)
