@@ -34,8 +34,9 @@ from p2psync.cli.local import (
 from p2psync.cli.pipeline import register as register_pipeline
 from p2psync.cli.repair import cmd_repair
 from p2psync.cli.sync import cmd_grant_sync, cmd_peers, cmd_serve, cmd_status, cmd_sync
-from p2psync.cli.tools import cmd_blip_echo, cmd_demo, cmd_dwn_pipe
+from p2psync.cli.tools import cmd_blip_echo, cmd_demo, cmd_dwn_pipe, cmd_sim
 from p2psync.node.config import DEFAULT_HOST, DEFAULT_PORT
+from p2psync.sim import cli as sim_cli
 
 __all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "NODE_STATUS_FILE", "CliError", "build_parser", "main"]
 
@@ -177,6 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--host", default="127.0.0.1")
     sp.add_argument("--port", type=int, default=0)
     sp.add_argument("--app-id", default="P2PSync_1")
+
+    sp = add("sim", cmd_sim, "seeded multi-peer simulator: replicas must converge (docs/simulator.md)")
+    sim_cli.add_arguments(sp)
 
     register_pipeline(sub)  # `export` and the `pipeline` group (docs/pipeline.md)
     return p

@@ -25,11 +25,19 @@ from p2psync.sim.simulation import FAULT_MIXES, SeedResult, SimConfig, run_seed
 from p2psync.sim.world import TOPOLOGIES
 from p2psync.sim.writers import OPS
 
-__all__ = ["main", "parser", "summary_line"]
+__all__ = ["add_arguments", "main", "parser", "run", "summary_line"]
+
+DESCRIPTION = "Seeded multi-peer replication simulator."
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="p2psync sim", description="Seeded multi-peer replication simulator.")
+    p = argparse.ArgumentParser(prog="p2psync sim", description=DESCRIPTION)
+    add_arguments(p)
+    return p
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``p2psync sim`` (the CLI's subcommand and ``python -m p2psync.sim``)."""
     p.add_argument("--peers", type=int, default=4, help="peers (devices of one tenant), 2 to 6")
     p.add_argument("--seeds", type=int, default=100, help="how many seeds to run")
     p.add_argument("--seed-start", type=int, default=0, help="the first seed")
@@ -41,7 +49,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--faults", choices=FAULT_MIXES, default="normal",
                    help="heavy: crashes, drops and partitions ten times as often")
     p.add_argument("--quiet", action="store_true", help="print only the summary line")
-    return p
 
 
 def summary_line(results: Sequence[SeedResult]) -> str:
@@ -62,7 +69,11 @@ def report(result: SeedResult, out: TextIO) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    return run(parser().parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the seeds ``args`` name; 0 when every one converged, 1 otherwise, 2 for bad options."""
     out = sys.stdout
     if not 2 <= args.peers <= 6:
         print("sim: --peers must be 2 to 6", file=sys.stderr)

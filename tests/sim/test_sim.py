@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from p2psync.cli import main as p2psync
 from p2psync.dwn.records_write import RecordsWrite
 from p2psync.sim import FAULTS, SimConfig, Simulation, run_seed
 from p2psync.sim.cli import main
@@ -147,3 +148,9 @@ def test_the_command_line_traces_one_seed(capsys: pytest.CaptureFixture[str]) ->
     assert any(" deliver " in line for line in out) and any(" judge: " in line for line in out)
     assert out[-1] == "sim: 1 seeds, 1 converged, 0 diverged, 0 lost, 0 stuck"
     assert main(["--trace"]) == 2
+
+
+def test_p2psync_sim_is_a_command_of_the_cli(capsys: pytest.CaptureFixture[str]) -> None:
+    assert p2psync(["sim", "--peers", "2", "--seeds", "1", "--seed-start", "3", "--steps", "30", "--quiet"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["sim: 1 seeds, 1 converged, 0 diverged, 0 lost, 0 stuck"]
+    assert p2psync(["sim", "--peers", "9"]) == 2
