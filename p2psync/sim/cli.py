@@ -1,4 +1,4 @@
-"""The simulator's command line (``python -m p2psync.sim``; ``p2psync sim`` once wired).
+"""The simulator's command line: ``p2psync sim`` (and ``python -m p2psync.sim``).
 
     --peers N --seeds K [--seed-start S]       K seeds from S (default 0)
     --seed S [--trace]                         one seed, every event printed with --trace

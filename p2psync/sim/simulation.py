@@ -87,7 +87,7 @@ class SimConfig:
 
     def replay(self, seed: int) -> str:
         faults = f" --faults {self.faults}" if self.faults != "normal" else ""
-        return (f"python -m p2psync.sim --peers {self.peers} --seed {seed} --steps {self.steps}"
+        return (f"p2psync sim --peers {self.peers} --seed {seed} --steps {self.steps}"
                 f" --topology {self.topology} --ops {self.ops}{faults} --trace")
 
 
