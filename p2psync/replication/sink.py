@@ -281,7 +281,11 @@ class Sink:
     # -- listing: `changes` (pull) and `proposeChanges` (push) ------------------------------
 
     def on_listing(self, body: Any, *, pull: bool) -> Effects:
-        """Check one Changes body, take its items into the window, and return the statuses."""
+        """Check one Changes body, take its items into the window, and return the statuses.
+        A failed sink (its peer is stopping) refuses listings too: nothing may move the
+        ledger after the final save."""
+        if self.failed is not None:
+            raise self.failed
         listed, through = self._parse_listing(body, pull=pull)
         held: set[str] = set()
         if listed:

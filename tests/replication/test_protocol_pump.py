@@ -34,7 +34,7 @@ from p2psync.replication.effects import (
 from p2psync.replication.hello import new_hello
 from p2psync.replication.protocol import ReplicationProtocol
 from p2psync.replication.scope import SyncScope
-from p2psync.replication.wire import PeerError
+from p2psync.replication.wire import PeerError, encode_body
 from p2psync.state.committer import GroupCommitter
 from p2psync.state.copies import CheckpointCopies, store_id
 from p2psync.state.ledger import Direction, Ledger, LinkState
@@ -280,3 +280,28 @@ def test_a_whole_round_both_ways_then_a_second_round_resumes(tmp_path: Path, see
     run(wire, again)
     assert second["pull"].items_offered == 0 and second["push"].items_offered == 0
     assert [t.reason for t in ledger.transitions(round_.key) if t.kind == "checkpoint_rewind"] == []
+
+
+def test_a_stopped_sink_refuses_listings_so_nothing_moves_after_the_final_save(tmp_path: Path) -> None:
+    """After ``stop_feeds`` (a graceful stop), a `changes` still in flight is refused: were it
+    taken, its tokens would move the ledger past the pair the final save left on the passive."""
+    laptop = make_side(tmp_path, "laptop", active=False)
+    phone = make_side(tmp_path, "phone", active=True)
+    write_notes(laptop.store, ALICE, 4, Clock(), "laptop")
+    wire = Wire(laptop, phone, random.Random(3))
+    laptop.proto.start_hello()
+    run(wire, phone.proto.start_hello())
+    operation, round_ = phone.proto.sync(tenant=ALICE.did, scope=SyncScope.global_scope(),
+                                         local_store_id=store_id(phone.store), pull=True, push=False)
+    run(wire, operation)
+    before = phone.service.ledger.get_checkpoint(round_.key, Direction.PULL)
+    frontier = before[0].contiguous_applied_token
+    assert frontier is not None
+    head = laptop.store.events.read(ALICE.did, after=-1, limit=10)[-1]
+    late = {"items": [], "through": {"streamId": frontier.stream_id, "epoch": frontier.epoch,
+                                     "position": str(head[0] + 5), "messageCid": head[1]}}
+    phone.proto.stop_feeds(PeerError(503, "Stopping", "this peer is stopping"))
+    phone.proto.receive_request(10_000, "changes", {"collection": str(round_.index)}, encode_body(late))
+    refusals = [o for o in phone.proto.outputs() if isinstance(o, SendError) and o.rid == 10_000]
+    assert [(r.error.code, r.error.name) for r in refusals] == [(503, "Stopping")]
+    assert phone.service.ledger.get_checkpoint(round_.key, Direction.PULL) == before
