@@ -491,16 +491,6 @@ class Collection:
     decision: ReadDecision | None = None
 
 
-@dataclass
-class Pending:
-    """Book-keeping of one running operation (internal to the protocol)."""
-
-    gen: Generator[Any, Any, Any]
-    name: str
-    rid: int | None = None
-    handle: Operation | None = None
-
-
 class Slots:
     """A counting semaphore for operations: ``yield from slots.acquire()``, then :meth:`release`."""
 

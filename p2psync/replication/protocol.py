@@ -25,6 +25,7 @@ import hashlib
 import logging
 from collections import OrderedDict, deque
 from collections.abc import Callable, Generator
+from dataclasses import dataclass
 from typing import Any, Final
 
 from p2psync.dwn.did import Identity
@@ -47,7 +48,6 @@ from p2psync.replication.effects import (
     Operation,
     OperationFinished,
     Output,
-    Pending,
     ReadCopy,
     ReadDecision,
     ReadOffered,
@@ -121,6 +121,17 @@ MAX_GRANTS: Final = 8
 Effects = Generator[Any, Any, Any]
 
 
+@dataclass(slots=True)
+class _Task:
+    """One running operation: its generator, and whom its end is for (the request ``rid`` it
+    answers, or the handle of a command; neither for a background task such as a feed)."""
+
+    gen: Effects
+    name: str
+    rid: int | None = None
+    handle: Operation | None = None
+
+
 class HelloFailed(HandshakeFailed):
     """Our side of hello failed (a bad proof, a timeout, a refused hello); the connection closes."""
 
@@ -165,9 +176,9 @@ class ReplicationProtocol:
         self.sinks: dict[int, Sink] = {}
         self._declared: set[tuple[str, str]] = set()
         self._offered: OrderedDict[str, tuple[str, str, str]] = OrderedDict()  # cid -> tenant, recordId, dataCid
-        self._ready: deque[tuple[Pending, Any, BaseException | None]] = deque()
+        self._ready: deque[tuple[_Task, Any, BaseException | None]] = deque()
         self._out: list[Output] = []
-        self._waiting: dict[int, Pending] = {}  # ref -> the operation waiting on it
+        self._waiting: dict[int, _Task] = {}  # ref -> the operation waiting on it
         self._remote: set[int] = set()  # the refs of those that wait on the other peer
         self._refs = 0
         self._hello_op: Operation | None = None
@@ -204,7 +215,7 @@ class ReplicationProtocol:
                 gen = _refusal(PeerError(404, "ProfileUnknown", f"no handler for {profile[:64]}"))
             else:
                 gen = self._gated(profile, handler(properties, body))
-        self._start(Pending(gen, profile, rid=rid))
+        self._start(_Task(gen, profile, rid=rid))
 
     def receive_response(self, ref: int, properties: dict[str, str], body: bytes) -> None:
         """The reply to our request ``ref``."""
@@ -409,7 +420,7 @@ class ReplicationProtocol:
 
     def spawn(self, gen: Effects, name: str) -> None:
         """Run ``gen`` beside the current operation (its errors are logged)."""
-        self._ready.append((Pending(gen, name), None, None))
+        self._ready.append((_Task(gen, name), None, None))
 
     def store_later(self, request: StoreRequest) -> None:
         """A store request whose answer nobody waits for."""
@@ -435,10 +446,10 @@ class ReplicationProtocol:
 
     def _command(self, gen: Effects, name: str) -> Operation:
         handle = Operation(name)
-        self._start(Pending(gen, name, handle=handle))
+        self._start(_Task(gen, name, handle=handle))
         return handle
 
-    def _start(self, task: Pending) -> None:
+    def _start(self, task: _Task) -> None:
         self._ready.append((task, None, None))
         self._run()
 
@@ -456,7 +467,7 @@ class ReplicationProtocol:
             task, value, error = ready.popleft()
             self._step(task, value, error)
 
-    def _step(self, task: Pending, value: Any, error: BaseException | None) -> None:
+    def _step(self, task: _Task, value: Any, error: BaseException | None) -> None:
         try:
             effect = task.gen.throw(error) if error is not None else task.gen.send(value)
         except StopIteration as stop:
@@ -487,12 +498,12 @@ class ReplicationProtocol:
         else:  # pragma: no cover - a bug in an operation
             self._ready.append((task, None, LocalMisuse(f"{task.name} yielded {effect!r}")))
 
-    def _park(self, task: Pending) -> int:
+    def _park(self, task: _Task) -> int:
         self._refs += 1
         self._waiting[self._refs] = task
         return self._refs
 
-    def _finish(self, task: Pending, result: Any, error: BaseException | None) -> None:
+    def _finish(self, task: _Task, result: Any, error: BaseException | None) -> None:
         if task.rid is not None:
             if isinstance(error, PeerError):
                 self._out.append(SendError(task.rid, error))
