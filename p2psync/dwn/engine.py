@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from p2psync.dwn import replicated, schemas
+from p2psync.dwn.canonical import History, is_stateful
 from p2psync.dwn.errors import DwnError
 from p2psync.dwn.handlers import messages_handlers, protocols, records
 from p2psync.dwn.replication_types import ReplicationApplyResult
@@ -46,6 +47,19 @@ class Dwn:
         self.tenant_gate = tenant_gate
         self.ctx = HandlerContext(store)
         self._handlers = _handlers()
+        self.history = History(store, self._reference)
+        self._adopt_unarchived()
+
+    def _adopt_unarchived(self) -> None:
+        """A store written before the archive existed: archive its messages and replay them."""
+        conn = self.store.conn
+        if conn.execute("SELECT 1 FROM archive LIMIT 1").fetchone() is not None:
+            return
+        if conn.execute("SELECT 1 FROM messages LIMIT 1").fetchone() is None:
+            return
+        for tenant in self.store.tenants():
+            adopted = self.history.adopt(tenant)
+            log.info("archived %d message(s) of %s and rebuilt its state in canonical order", adopted, tenant)
 
     @classmethod
     def open(cls, path: str | Path) -> Dwn:
@@ -86,7 +100,24 @@ class Dwn:
         return replicated.apply_replicated_message(self, tenant, message, data, cid=cid)
 
     def process_message(self, tenant: str, message: Any, data: bytes | None = None) -> Reply:
-        """Process one message (with its data for a RecordsWrite) and answer like the reference."""
+        """Process one message (with its data for a RecordsWrite) and answer like the reference.
+
+        A message that changes state and is accepted is admitted into the tenant's history at
+        its canonical place (p2psync/dwn/canonical.py); the answer is the reference's against
+        the current state either way.
+        """
+        early = self.validate_tenant(tenant) or self.validate_message_integrity(message)
+        if early is not None:
+            return early
+        if is_stateful(message):
+            try:
+                return self.history.author(tenant, message, data)
+            except DwnError as e:
+                return reply_from_error(e, e.status if e.status >= 400 else 400)
+        return self._reference(tenant, message, data, False)
+
+    def _reference(self, tenant: str, message: Any, data: bytes | None, withheld: bool) -> Reply:
+        """The reference's processing of one message, nothing more (the history calls this)."""
         early = self.validate_tenant(tenant) or self.validate_message_integrity(message)
         if early is not None:
             return early
@@ -97,7 +128,7 @@ class Dwn:
             return Reply(501, f"MethodNotImplemented: {key} is not supported by this node")
         try:
             if key == "RecordsWrite":
-                return handler(self.ctx, tenant, message, data)
+                return handler(self.ctx, tenant, message, data, withheld)
             return handler(self.ctx, tenant, message)
         except DwnError as e:
             # A DwnError the reference would let escape; keep the node alive and say why.

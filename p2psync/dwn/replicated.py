@@ -38,12 +38,15 @@ from typing import Any, Final
 import apsw
 
 from p2psync.dwn import permissions
+from p2psync.dwn.authentication import authenticate
+from p2psync.dwn.canonical import History, Placement, Verdict, is_stateful
 from p2psync.dwn.datacid import data_cid as compute_data_cid
 from p2psync.dwn.encoding import message_cid
 from p2psync.dwn.errors import DwnError
 from p2psync.dwn.generic_message import get_author, get_newest_message
-from p2psync.dwn.handlers.records import STAGE_ERRORS
+from p2psync.dwn.handlers.records import STAGE_ERRORS, parse_signed_records_message
 from p2psync.dwn.jws import decode_payload
+from p2psync.dwn.protocols import ProtocolsConfigure
 from p2psync.dwn.records_write import RecordsWrite, fetch_initial_records_write_message, is_initial_write
 from p2psync.dwn.replication_types import (
     Ancestor,
@@ -63,12 +66,11 @@ from p2psync.dwn.replication_types import (
     Role,
     Superseded,
 )
-from p2psync.dwn.reply import Reply, reply_from_error
+from p2psync.dwn.reply import Reply
 from p2psync.dwn.store import Store
 
 __all__ = [
     "MessageProcessor",
-    "adapt_reply",
     "apply_replicated_message",
     "apply_replicated_message_json",
     "dependency_refs",
@@ -105,6 +107,11 @@ DATA_CID_MISMATCH: Final = "RecordsWriteDataCidMismatch"
 DATA_SIZE_MISMATCH: Final = "RecordsWriteDataSizeMismatch"
 NOT_ALLOWED_AFTER_DELETE: Final = "RecordsWriteNotAllowedAfterDelete"
 RESOLVER_NOT_FOUND: Final = "GeneralJwsVerifierGetPublicKeyNotFound"
+# Refusals that no other message can change: the author is not the tenant and names no grant
+# (a protocol definition, or a record outside any protocol), or the owner is someone else.
+NEVER_AUTHORIZED: Final = frozenset(
+    {"ProtocolsConfigureAuthorizationFailed", "RecordsWriteAuthorizationFailed", "RecordsWriteOwnerAndTenantMismatch"}
+)
 
 # What a record looks like here, for deciding whether a refusal means "not here yet".
 _ABSENT: Final = "absent"  # no message of the record at all
@@ -125,6 +132,9 @@ class MessageProcessor(typing.Protocol):
 
     @property
     def store(self) -> Store: ...
+
+    @property
+    def history(self) -> History: ...
 
     def validate_tenant(self, tenant: str) -> Reply | None: ...
 
@@ -154,15 +164,27 @@ def apply_replicated_message(
         integrity = dwn.validate_message_integrity(message)
         return Invalid(integrity.detail if integrity is not None else f"MessageCidUncomputable: {exc}")
     try:
-        # Dedup may look before the integrity check: a stored message passed it when it was
-        # stored, and the same CID is the same message. Anything else meets the integrity
-        # check first thing in process_message, which answers it with the same detail.
-        if _deduplicate(dwn.store, tenant, message, cid):
+        history = dwn.history
+        # Dedup may look before the integrity check: an admitted message passed it when it
+        # was admitted, and the same CID is the same message.
+        bad_data = _bad_data(message, data)
+        if bad_data is not None:
+            return Invalid(bad_data)  # checked first: nothing is archived with the wrong data
+        archived, archived_data = history.archived_data(tenant, cid)
+        if archived or _stored_cid(dwn.store, tenant, message, cid) is not None:
+            if archived and archived_data is None and data is not None and _is_records_write(message):
+                # It came without its data before (its source had dropped it); now it has it.
+                verdict = _Verdict(dwn.store, tenant, message, data, cid)
+                return verdict.result(history.attach_data(tenant, message, data, cid, verdict))
+            _repair_log_entry(dwn.store, tenant, message, cid)
             return Duplicate()
-        reply = dwn.process_message(tenant, message, data)
-        if error_code(reply.detail) == NOT_ALLOWED_AFTER_DELETE and _is_records_write(message):
-            return _store_write_beaten_by_delete(dwn.store, tenant, message, data, reply, cid)
-        return adapt_reply(dwn.store, tenant, message, data, reply, cid)
+        integrity = dwn.validate_message_integrity(message)
+        if integrity is not None:
+            return Invalid(integrity.detail)
+        if not is_stateful(message):
+            return Invalid(f"MessageNotReplicable: {_kind(message)} changes no state and is never replicated")
+        verdict = _Verdict(dwn.store, tenant, message, data, cid)
+        return verdict.result(history.place(tenant, message, data, cid, verdict))
     except apsw.Error:
         log.exception("storage error while applying replicated message %s", cid)
         return Deferred("storage")
@@ -190,6 +212,99 @@ def error_code(detail: str) -> str | None:
     return None if colon == -1 else detail[:colon]
 
 
+# --------------------------------------------------------------------------- the verdict
+
+
+class _Verdict:
+    """Reads a replicated message's reply at its canonical place (the history's judge).
+
+    Accepted: admitted. Refused because something it needs is missing here: dropped, the
+    result names what to fetch. Refused because the message itself is bad (its structure,
+    a signature, its data): dropped, ``Invalid``. Refused by the state at its place — a
+    write after its record's delete, a second delete, a child of a deleted parent, an
+    action the protocol or a revoked grant does not allow: kept in the archive, reported
+    ``Superseded``; it stays out of the state unless a message that sorts before it changes
+    that state.
+    """
+
+    __slots__ = ("store", "tenant", "message", "data", "cid", "dropped")
+
+    def __init__(self, store: Store, tenant: str, message: Message, data: bytes | None, cid: str) -> None:
+        self.store, self.tenant, self.message, self.data, self.cid = store, tenant, message, data, cid
+        self.dropped: ReplicationApplyResult = Deferred("storage")
+
+    def __call__(self, reply: Reply) -> Verdict:
+        code, detail = reply.code, reply.detail
+        if code in (202, 204):
+            return Verdict.ADMIT
+        err = error_code(detail)
+        if code == 409 or err == NOT_ALLOWED_AFTER_DELETE:
+            return Verdict.KEEP
+        if err == RESOLVER_NOT_FOUND:
+            return self._drop(Deferred("resolver-unavailable"))
+        try:
+            missing = dependency_refs(self.store, self.tenant, self.message, self.data, code, detail)
+        except STAGE_ERRORS:
+            missing = []  # what is missing cannot be told from this message
+        if missing:
+            return self._drop(Incomplete(tuple(missing)))
+        if code >= 500:
+            return self._drop(Deferred("storage"))
+        if err in NEVER_AUTHORIZED or _intrinsically_invalid(self.message, self.data):
+            return self._drop(Invalid(detail or f"replicated message rejected with status {code}"))
+        return Verdict.KEEP
+
+    def _drop(self, result: ReplicationApplyResult) -> Verdict:
+        self.dropped = result
+        return Verdict.DROP
+
+    def result(self, placement: Placement) -> ReplicationApplyResult:
+        if placement.verdict is Verdict.DROP:
+            return self.dropped
+        if placement.stored and placement.reply.code in (202, 204):
+            position = _position(self.store, self.tenant, self.cid)
+            return Applied(ancestry_only=placement.reply.code == 204, position=position)
+        return Superseded()
+
+
+def _intrinsically_invalid(message: Message, data: bytes | None) -> bool:
+    """Whether the message fails a check no other message can change: its structure, its
+    signatures, the data it came with."""
+    d = message["descriptor"]
+    try:
+        kind = (d["interface"], d["method"])
+        if kind == ("Records", "Write"):
+            RecordsWrite.parse(message)
+            if data is not None:
+                _validate_supplied_data(message, data)
+        elif kind == ("Records", "Delete"):
+            parse_signed_records_message(message)
+        elif kind == ("Protocols", "Configure"):
+            ProtocolsConfigure.parse(message)
+        authenticate(message.get("authorization"))
+    except STAGE_ERRORS:
+        return True
+    return False
+
+
+def _bad_data(message: Any, data: bytes | None) -> str | None:
+    """Why the data a write came with is not its data (None when it is, or there is none)."""
+    if data is None or not _is_records_write(message):
+        return None
+    try:
+        _validate_supplied_data(message, data)
+    except STAGE_ERRORS as exc:
+        return str(exc)
+    except (KeyError, TypeError, ValueError):
+        return None  # not a well-formed write: the integrity check says why
+    return None
+
+
+def _kind(message: Message) -> str:
+    d = message["descriptor"]
+    return f"{d.get('interface')}{d.get('method')}"
+
+
 # --------------------------------------------------------------------------- dedup
 
 
@@ -206,51 +321,17 @@ def _stored_cid(store: Store, tenant: str, message: Message, cid: str) -> str | 
     return None
 
 
-def _deduplicate(store: Store, tenant: str, message: Message, cid: str) -> bool:
-    """Whether the message is already stored; if so, make sure its event-log entry exists."""
+def _repair_log_entry(store: Store, tenant: str, message: Message, cid: str) -> None:
+    """A stored message must have its event-log entry; restore one that went missing."""
     stored = _stored_cid(store, tenant, message, cid)
     if stored is None:
-        return False
+        return  # archived, not held: superseded in canonical order, no entry
     indexes = store.messages.get_indexes(tenant, stored)
     if indexes is not None:
         # The log lists a message under the CID of the message as sent (see the handlers).
         _, appended = store.events.ensure_entry(tenant, cid, indexes)
         if appended:
             log.info("repaired the missing event-log entry of %s for %s", cid, tenant)
-    return True
-
-
-# --------------------------------------------------------------------------- write beaten by delete
-
-
-def _store_write_beaten_by_delete(
-    store: Store, tenant: str, message: Message, data: bytes | None, reply: Reply, cid: str
-) -> ReplicationApplyResult:
-    """Keep a write that lost to a newer-state delete, for ancestry, once its data checks out.
-
-    The handler refused it at the storage stage, after authorization; what remains unchecked
-    is its data (the handler raised before looking at it) and a revocation's protocol tag.
-    """
-    existing, _ = store.messages.query(tenant, [{"interface": "Records", "recordId": message["recordId"]}])
-    newest = get_newest_message(existing)
-    if newest is None or newest["descriptor"].get("method") != "Delete":
-        return adapt_reply(store, tenant, message, data, reply, cid)
-    try:
-        write = RecordsWrite.parse(message)
-        permissions.validate_revocation_protocol_tag(tenant, store, message)
-        if data is not None:
-            _validate_supplied_data(message, data)
-        elif not write.is_initial_write:
-            _validate_previous_data(store, tenant, message, existing)
-    except STAGE_ERRORS as exc:
-        status = exc.status if isinstance(exc, DwnError) and exc.status >= 400 else 400
-        return adapt_reply(store, tenant, message, data, reply_from_error(exc, status), cid)
-    indexes = write.construct_indexes(False)
-    stored = {k: v for k, v in message.items() if k != "encodedData"}
-    with store.transaction():
-        store.messages.put(tenant, stored, indexes, cid)
-        store.events.ensure_entry(tenant, cid, indexes)
-    return Superseded()
 
 
 def _validate_supplied_data(message: Message, data: bytes) -> None:
@@ -273,60 +354,7 @@ def _validate_supplied_data(message: Message, data: bytes) -> None:
         permissions.validate_schema(message, data)
 
 
-def _validate_previous_data(store: Store, tenant: str, message: Message, existing: list[Message]) -> None:
-    writes = [m for m in existing if m["descriptor"].get("method") == "Write"]
-    newest_write = get_newest_message(writes)
-    if newest_write is None:
-        raise DwnError(INITIAL_WRITE_NOT_FOUND, f"initial write is missing for record {message['recordId']}")
-    descriptor, previous = message["descriptor"], newest_write["descriptor"]
-    if descriptor["dataCid"] != previous.get("dataCid"):
-        raise DwnError(
-            DATA_CID_MISMATCH,
-            f"actual data CID {previous.get('dataCid')} does not match dataCid in descriptor: {descriptor['dataCid']}",
-        )
-    if descriptor["dataSize"] != previous.get("dataSize"):
-        raise DwnError(
-            DATA_SIZE_MISMATCH,
-            f"actual data size {previous.get('dataSize')} bytes does not match dataSize in descriptor: "
-            f"{descriptor['dataSize']}",
-        )
-    if descriptor["dataSize"] <= MAX_DATA_SIZE_ENCODED:
-        if "encodedData" not in newest_write:
-            raise DwnError(
-                MISSING_ENCODED_DATA_IN_PREVIOUS,
-                "No dataStream was provided and unable to get data from previous message",
-            )
-    elif store.data.size(tenant, newest_write["recordId"], descriptor["dataCid"]) is None:
-        raise DwnError(
-            MISSING_DATA_IN_PREVIOUS, "No dataStream was provided and unable to get data from previous message"
-        )
-
-
 # --------------------------------------------------------------------------- adapt
-
-
-def adapt_reply(
-    store: Store, tenant: str, message: Message, data: bytes | None, reply: Reply, cid: str
-) -> ReplicationApplyResult:
-    """Turn a handler reply into a result, in the seed's order of rules."""
-    code, detail = reply.code, reply.detail
-    err = error_code(detail)
-    if code in (202, 204):
-        return Applied(ancestry_only=code == 204, position=_position(store, tenant, cid))
-    if code == 409 or err == NOT_ALLOWED_AFTER_DELETE:
-        return Superseded()
-    if err == RESOLVER_NOT_FOUND:
-        return Deferred("resolver-unavailable")
-    try:
-        missing = dependency_refs(store, tenant, message, data, code, detail)
-    except STAGE_ERRORS:
-        # What is missing cannot be told from this message: the handler's refusal stands.
-        missing = []
-    if missing:
-        return Incomplete(tuple(missing))
-    if code >= 500:
-        return Deferred("storage")
-    return Invalid(detail or f"replicated message rejected with status {code}")
 
 
 def _position(store: Store, tenant: str, cid: str) -> ProgressToken | None:

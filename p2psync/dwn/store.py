@@ -20,7 +20,7 @@ import apsw
 from p2psync.dwn.encoding import json_compact, message_cid
 from p2psync.dwn.errors import DwnError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # Checkpoint the WAL every ~40 MB rather than the default ~4 MB: each checkpoint syncs the
 # database file, and with a dozen pages per commit the default checkpoints every ~80 commits.
@@ -86,6 +86,27 @@ _MIGRATIONS: dict[int, str] = {
     CREATE UNIQUE INDEX events_position ON events(tenant, position);
     CREATE INDEX events_cid ON events(tenant, cid);
     CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+    """,
+    # Every admitted message, in canonical order, with what undoes its processing
+    # (p2psync/dwn/canonical.py). A v1 store's messages are archived and replayed on open.
+    2: """
+    CREATE TABLE archive(
+        id INTEGER PRIMARY KEY,
+        tenant INTEGER NOT NULL REFERENCES tenants(id),
+        sort_key TEXT NOT NULL,      -- messageTimestamp, a space, the CID: canonical order
+        cid TEXT NOT NULL,           -- the CID of the message as admitted
+        stored_cid TEXT NOT NULL,    -- the CID it is stored under (differs for a 0-byte record)
+        record_id TEXT,              -- the record a Records message is about
+        initial INTEGER NOT NULL,    -- 1 for a record's initial write
+        body TEXT NOT NULL,          -- the message as admitted (JSON, without encodedData)
+        data BLOB,                   -- its record data, when it came with it
+        accepted INTEGER NOT NULL,   -- 1 when processing in canonical order accepted it
+        undo BLOB NOT NULL           -- inverse changeset of that processing (messages, data)
+    );
+    CREATE UNIQUE INDEX archive_key ON archive(tenant, sort_key);
+    CREATE UNIQUE INDEX archive_cid ON archive(tenant, cid);
+    CREATE INDEX archive_stored ON archive(tenant, stored_cid);
+    CREATE INDEX archive_record ON archive(tenant, record_id, sort_key);
     """,
 }
 
@@ -589,9 +610,14 @@ class EventLog:
 
     def __init__(self, store: Store) -> None:
         self._s = store
+        # While True (a canonical replay, p2psync/dwn/canonical.py) the handlers' appends and
+        # deletions are skipped; the replay reconciles the log once it is done.
+        self.frozen = False
 
     def append(self, tenant: str, cid: str, indexes: dict[str, Any], indexes_json: str | None = None) -> int:
-        """Append an entry; returns its position. Atomic with the caller's transaction."""
+        """Append an entry; returns its position (0 while frozen). Atomic with the caller's transaction."""
+        if self.frozen:
+            return 0
         conn = self._s.conn
         if not conn.in_transaction:
             with conn:
@@ -609,7 +635,7 @@ class EventLog:
 
     def delete_events_by_cid(self, tenant: str, cids: list[str]) -> None:
         tid = self._s.tenant_id(tenant, create=False)
-        if tid is None or not cids:
+        if tid is None or not cids or self.frozen:
             return
         self._s.conn.executemany("DELETE FROM events WHERE tenant=? AND cid=?", [(tid, c) for c in cids])
 

@@ -16,7 +16,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from p2psync.dwn.encoding import b64url_decode
+from p2psync.dwn.canonical import archived_data
+from p2psync.dwn.encoding import b64url_decode, message_cid
 from p2psync.dwn.engine import Dwn
 from p2psync.dwn.generic_message import get_newest_message
 from p2psync.dwn.records_util import construct_prefix_filter_as_range_filter
@@ -135,6 +136,11 @@ class LocalStoreFetcher:
         if self._large_data_held(message, latest=indexes.get("isLatestBaseState") is True):
             size = self.store.data.size(tenant, message["recordId"], descriptor["dataCid"])
             return entry, size
+        if _is_write_with_data(entry.message):
+            kept = archived_data(self.store, tenant, cid)[1]  # superseded here, kept in the archive
+            if kept is not None:
+                small = len(kept) <= MAX_DATA_SIZE_ENCODED
+                return (ReplicationEntry(entry.message, kept) if small else entry), len(kept)
         return entry, None
 
     def record_entries(self, tenant: str, record_id: str, protocol: str | None = None) -> list[ReplicationEntry]:
@@ -211,7 +217,16 @@ class LocalStoreFetcher:
         elif load and self._large_data_held(stored, latest=latest):
             descriptor = stored["descriptor"]
             data = self.store.data.get(tenant, stored["recordId"], descriptor["dataCid"])
+        elif load and not latest and _is_write_with_data(message):
+            # A write superseded since it came: the state dropped its data, the archive kept
+            # it, and a message sorting before the change may need it (docs/replication-apply.md).
+            data = archived_data(self.store, tenant, message_cid(message))[1]
         return ReplicationEntry(message, data)
+
+
+def _is_write_with_data(message: Message) -> bool:
+    d = message.get("descriptor", {})
+    return d.get("interface") == "Records" and d.get("method") == "Write" and bool(d.get("dataSize"))
 
 
 # --------------------------------------------------------------------------- reconcile

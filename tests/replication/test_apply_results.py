@@ -268,27 +268,30 @@ def test_superseded_by_a_newer_write(replica: Dwn) -> None:
     assert snapshot(replica.store, w.tenant) == before
 
 
-def test_write_beaten_by_a_delete_is_kept_for_ancestry(tmp_path: Path) -> None:
-    """Two replicas: one deleted the note, the other updated it later without seeing the delete."""
+def test_write_beaten_by_a_delete_is_superseded(tmp_path: Path) -> None:
+    """Two replicas: one deleted the note, the other updated it later without seeing the delete.
+
+    In canonical order the update comes after the delete, and the reference refuses a write
+    after a delete: the update is admitted (archived) but never part of the state.
+    """
     w = chat_world()
     s = w.steps
     deleted = Dwn(Store(tmp_path / "a.db"))
     for name in ("protocol", "note", "note-delete"):
         assert apply(deleted, w, s[name]).kind == "Applied"
+    before = snapshot(deleted.store, w.tenant)
     late = RecordsWrite.create_from(s["note"].message, signer=w.bob, data=b"late", message_timestamp=w.clock.tick())
-    # without its data first: the write that lost must still bring valid data to be kept
-    assert deleted.apply_replicated_message(w.tenant, late.message) == Incomplete(
-        (RecordData(record_id=late.record_id, data_cid=late.descriptor["dataCid"], protocol=CHAT),)
-    )
     wrong = deleted.apply_replicated_message(w.tenant, late.message, b"late!")
     assert isinstance(wrong, Invalid) and wrong.reason.startswith("RecordsWriteDataCidMismatch")
+    assert deleted.apply_replicated_message(w.tenant, late.message) == Superseded()
+    assert deleted.history.holds(w.tenant, late.cid)
+    # its data, arriving later, is kept with it; the verdict stands
     assert deleted.apply_replicated_message(w.tenant, late.message, b"late") == Superseded()
-    indexes = deleted.store.messages.get_indexes(w.tenant, late.cid)
-    assert indexes is not None and indexes["isLatestBaseState"] is False
+    assert deleted.history.archived_data(w.tenant, late.cid) == (True, b"late")
     read = deleted.process_message(w.tenant, create_records_read(signer=w.alice, filter={"recordId": late.record_id}))
     assert read.code == 404  # still deleted
     assert deleted.apply_replicated_message(w.tenant, late.message, b"late") == Duplicate()
-    assert_log_matches_messages(snapshot(deleted.store, w.tenant))
+    assert snapshot(deleted.store, w.tenant) == before
 
 
 # --------------------------------------------------------------------------- Invalid
@@ -314,7 +317,7 @@ def test_invalid_signature_and_structure(replica: Dwn) -> None:
     assert replica.store.messages.count(w.tenant) == 1
 
 
-def test_delete_of_an_already_deleted_record_is_invalid(replica: Dwn) -> None:
+def test_delete_of_an_already_deleted_record_is_superseded(replica: Dwn) -> None:
     w = chat_world()
     s = w.steps
     for name in ("protocol", "note", "note-delete"):
@@ -324,8 +327,11 @@ def test_delete_of_an_already_deleted_record_is_invalid(replica: Dwn) -> None:
     again = create_records_delete(
         record_id=s["note"].message["recordId"], signer=w.alice, message_timestamp=w.clock.tick()
     )
-    # the record is here (deleted): nothing is missing, the reference's 404 stands
-    assert replica.apply_replicated_message(w.tenant, again) == Invalid("Not Found")
+    # the record is here (deleted): nothing is missing; in canonical order the reference
+    # refuses the second delete (404), so it is admitted but changes nothing
+    before = snapshot(replica.store, w.tenant)
+    assert replica.apply_replicated_message(w.tenant, again) == Superseded()
+    assert snapshot(replica.store, w.tenant) == before
 
 
 # --------------------------------------------------------------------------- Deferred
@@ -355,7 +361,8 @@ def test_deferred_when_the_signing_key_cannot_be_resolved(replica: Dwn) -> None:
 
 def test_deferred_on_storage_errors(replica: Dwn) -> None:
     w = chat_world()
-    # permission-request data that is not JSON makes the reference throw (a 500 here)
+    # permission-request data that is not JSON makes the reference throw; the data is bad
+    # whatever else is here, so it is refused up front and nothing is kept
     request = RecordsWrite.create(
         signer=w.bob,
         data=b"not json",
@@ -365,7 +372,9 @@ def test_deferred_on_storage_errors(replica: Dwn) -> None:
         message_timestamp=w.clock.tick(),
         date_created=w.clock.now,
     )
-    assert replica.apply_replicated_message(w.tenant, request.message, b"not json") == Deferred("storage")
+    bad = replica.apply_replicated_message(w.tenant, request.message, b"not json")
+    assert isinstance(bad, Invalid) and "not valid JSON" in bad.reason
+    assert not replica.history.holds(w.tenant, request.cid)
     # a store that cannot be written
     replica.store.conn.execute("PRAGMA query_only=1")
     assert apply(replica, w, w.steps["protocol"]) == Deferred("storage")

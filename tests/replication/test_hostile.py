@@ -236,10 +236,14 @@ async def test_forged_dependencies_fail_the_closure(
         replica.apply_replicated_message(world.tenant, world.steps["thread"].message, world.steps["thread"].data).kind
         == "Applied"
     )
+    with_thread = snapshot(replica.store, world.tenant)
+    assert thread_only != with_thread  # the thread (honest) is there
     outcome = await _admit(replica, world, world.steps["chat"].entry, Hostile(honest, minted_role))
-    assert (outcome.status, outcome.failure) == ("failed", "invalid")
-    assert "ProtocolAuthorizationActionNotAllowed" in (outcome.detail or "")
-    assert thread_only != snapshot(replica.store, world.tenant)  # the thread (honest) is there
+    # The minted role is validly signed; the protocol does not let mallory hand out the role
+    # here, though another definition (one sorting before it) could: it is archived as
+    # superseded, never part of the state, and the chat that needs a real role is not admitted.
+    assert outcome.status == "deferred"
+    assert snapshot(replica.store, world.tenant) == with_thread
 
 
 async def test_flooding_answers_are_capped(source: Dwn, replica: Dwn, world: ChatWorld) -> None:

@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from p2psync.dwn.encoding import compute_cid, dag_cbor_encode
-from p2psync.dwn.store import Store
+from p2psync.dwn.store import SCHEMA_VERSION, Store
 from p2psync.replication.checkpoint import (
     MAX_PENDING_TOKENS,
     MAX_UNAPPLIED_TOKENS,
@@ -568,7 +568,7 @@ def test_in_the_store_file_beside_the_store(tmp_path: Path) -> None:
         store.events.append(TENANT, cid(1), {"interface": "Records"})
         led.record(key, PULL, [("received", tok(1)), ("applied", tok(1))])
     led.close()  # shared connection: stays open
-    assert store.scalar("PRAGMA user_version") == 1  # the store's own schema version untouched
+    assert store.scalar("PRAGMA user_version") == SCHEMA_VERSION  # the store's own schema version untouched
     store.close()
     store = Store(tmp_path / "store.db")
     led = Ledger.for_store(store)

@@ -166,7 +166,11 @@ def can_perform_delete_against_record(delete: Message, newest: Message | None) -
 # --------------------------------------------------------------------------- RecordsWrite
 
 
-def handle_records_write(ctx: HandlerContext, tenant: str, message: Message, data: bytes | None) -> Reply:
+def handle_records_write(
+    ctx: HandlerContext, tenant: str, message: Message, data: bytes | None, withheld: bool = False
+) -> Reply:
+    """``withheld``: an initial write without data is still the record's latest state (a
+    canonical replay of a record whose data went before it arrived; p2psync/dwn/canonical.py)."""
     store = ctx.store
     try:
         write = RecordsWrite.parse(message)
@@ -211,6 +215,8 @@ def handle_records_write(ctx: HandlerContext, tenant: str, message: Message, dat
                 assert newest_existing is not None
                 stored = _process_without_data(store, tenant, message, newest_existing)
                 is_latest_base_state = True
+            elif withheld:
+                is_latest_base_state = True
             indexes = write.construct_indexes(is_latest_base_state)
             cid = write.cid
             # A 0-byte record is stored with `encodedData: ""`, which the reference keeps
@@ -225,7 +231,7 @@ def handle_records_write(ctx: HandlerContext, tenant: str, message: Message, dat
         if e.code in _WRITE_STORAGE_400 or e.code.startswith(("PermissionsProtocolValidate", "SchemaValidator")):
             return reply_from_error(e, 400)
         raise
-    if new_is_initial and data is None:
+    if new_is_initial and data is None and not withheld:
         return Reply(204, "No Content")
     return Reply(202, "Accepted")
 

@@ -1,0 +1,486 @@
+"""The canonical state: what a replica holds is a function of the *set* of messages it admitted.
+
+DWN 0.5.2 judges a message against the current state of what it depends on, so the state a
+store reaches depends on the order messages arrive in. The convergence contract
+(``docs/replication-apply.md``) fixes one order: the **canonical order**, ``messageTimestamp``
+then message CID. The canonical state of a set of messages is what the reference holds after
+processing the set in that order, and a replica must hold it whatever order the set arrived in.
+
+:class:`History` keeps that promise. Every admitted message goes into the tenant's
+**archive** (its body, its data, and whether processing in canonical order accepted it), and
+the materialized tables (``messages``, ``data``) are always the result of processing the
+archive in canonical order:
+
+- a message that sorts after everything archived is simply processed (the common case: a
+  device writing, a peer catching up in time order);
+- a message that sorts before archived ones **warps time**: the state is taken back to the
+  message's place by applying, newest first, the inverse of each later message's changes
+  (recorded as a SQLite session changeset when it was processed), the message is processed
+  there, and the later ones are processed again after it. The cost is the number of messages
+  after the insertion point, not the size of the store.
+
+The event log is not rewound: during a warp its entries stay put, and afterwards a message
+that is still stored keeps its position, a message no longer stored loses its entry, and a
+message newly stored gets a new one (in canonical order). Peers that pulled past a position
+see every change as new entries, as after any local write.
+
+**A record whose data went before it arrived.** A source that has since updated or deleted a
+record keeps its initial write without data (the reference drops the data of a superseded
+write), and sends it that way. Processed without data, the reference stores such an initial
+write as not the record's latest state, which would make the record look absent until its next
+message — and children, role holders and grant users written in between would be judged
+against a record that, in the author's history, existed. So an initial write archived without
+data whose record has a later archived message is processed as the record's latest state
+without data (*data withheld*): every later message of the record replaces or demotes it
+exactly as it would have with its data, so the state after that later message is the
+canonical one.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Final
+
+import apsw
+
+from p2psync.dwn.encoding import b64url_decode, json_compact, message_cid
+from p2psync.dwn.errors import DwnError
+from p2psync.dwn.records_write import is_initial_write
+from p2psync.dwn.reply import Reply
+from p2psync.dwn.store import Store
+
+__all__ = [
+    "STATEFUL",
+    "History",
+    "archived_data",
+    "Placement",
+    "Process",
+    "Verdict",
+    "is_stateful",
+    "sort_key",
+]
+
+log = logging.getLogger(__name__)
+
+Message = dict[str, Any]
+
+# The messages that change a tenant's state; reads, queries and subscriptions do not.
+STATEFUL: Final = frozenset({("Records", "Write"), ("Records", "Delete"), ("Protocols", "Configure")})
+
+# The tables a message's processing changes (the event log is reconciled, not rewound).
+_STATE_TABLES: Final = ("messages", "data")
+
+
+# ``process(tenant, message, data, withheld) -> Reply``: the reference's processing of one
+# message (``withheld``: an initial write processed as its record's latest state without data).
+Process = Callable[[str, Message, "bytes | None", bool], Reply]
+
+
+class Verdict(enum.Enum):
+    """What becomes of a replicated message once processed at its canonical place."""
+
+    ADMIT = "admit"  # accepted: archived
+    KEEP = "keep"  # refused by the state at its place (a rule of the contract): archived, may count later
+    DROP = "drop"  # not admitted at all (a dependency is missing, or the message is bad)
+
+
+Judge = Callable[[Reply], Verdict]
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """The outcome of placing one message in its tenant's canonical order."""
+
+    reply: Reply  # the reference's answer at the message's canonical place
+    verdict: Verdict
+    stored: bool  # held by the state once every later message was processed again
+    warped: int  # how many later messages were processed again (0: it sorted last)
+
+
+def is_stateful(message: Any) -> bool:
+    d = message.get("descriptor") if isinstance(message, dict) else None
+    return isinstance(d, dict) and (d.get("interface"), d.get("method")) in STATEFUL
+
+
+def sort_key(message: Message, cid: str) -> str:
+    """The message's place in canonical order: ``messageTimestamp``, a space, its CID.
+
+    Timestamps are fixed-width ISO 8601 (the schema insists), so the text sorts as the time.
+    """
+    return f"{message['descriptor']['messageTimestamp']} {cid}"
+
+
+def _record_id(message: Message) -> str | None:
+    d = message["descriptor"]
+    if d.get("interface") != "Records":
+        return None
+    rid = message.get("recordId") if d.get("method") == "Write" else d.get("recordId")
+    return rid if isinstance(rid, str) else None
+
+
+def archived_data(store: Store, tenant: str, cid: str) -> tuple[bool, bytes | None]:
+    """(whether ``cid`` is archived, the data it was admitted with).
+
+    The archive keeps the data of a write whose record was since updated or deleted: a
+    message that sorts before that change may still need it (a revocation reads its grant's
+    data), so a replica serves it to peers that ask (``LocalStoreFetcher``).
+    """
+    tid = store.tenant_id(tenant, create=False)
+    if tid is None:
+        return False, None
+    row = store.conn.execute(
+        "SELECT data FROM archive WHERE tenant=? AND (cid=? OR stored_cid=?)", (tid, cid, cid)
+    ).fetchone()
+    return (False, None) if row is None else (True, _opt_bytes(row[0]))
+
+
+def _stored_cid(message: Message, cid: str) -> str:
+    """The CID a message is stored under: a 0-byte record is stored with ``encodedData: ""``."""
+    d = message["descriptor"]
+    if (d.get("interface"), d.get("method")) == ("Records", "Write") and d.get("dataSize") == 0:
+        return message_cid({**message, "encodedData": ""})
+    return cid
+
+
+@dataclass(slots=True)
+class _Row:
+    id: int
+    key: str
+    cid: str
+    stored_cid: str
+    record_id: str | None
+    initial: bool
+    body: str
+    data: bytes | None
+
+
+_ROW_COLUMNS: Final = "id, sort_key, cid, stored_cid, record_id, initial, body, data"
+
+
+class History:
+    """The archive of a store's admitted messages and the canonical replay over it."""
+
+    def __init__(self, store: Store, process: Process) -> None:
+        self.store = store
+        self._process = process
+        self.warps = 0  # warps done since this object was made (for tests and metrics)
+        self.replayed = 0  # messages processed again by them
+
+    # -- lookups ---------------------------------------------------------------------------
+
+    def holds(self, tenant: str, cid: str) -> bool:
+        """Whether ``cid`` was admitted here (held by the state or archived as superseded)."""
+        tid = self.store.tenant_id(tenant, create=False)
+        if tid is None:
+            return False
+        row = self.store.conn.execute(
+            "SELECT 1 FROM archive WHERE tenant=? AND (cid=? OR stored_cid=?)", (tid, cid, cid)
+        ).fetchone()
+        return row is not None
+
+    def archived_data(self, tenant: str, cid: str) -> tuple[bool, bytes | None]:
+        """(archived, its data) for ``cid``."""
+        return archived_data(self.store, tenant, cid)
+
+    def count(self, tenant: str) -> int:
+        tid = self.store.tenant_id(tenant, create=False)
+        if tid is None:
+            return 0
+        return int(self.store.scalar("SELECT count(*) FROM archive WHERE tenant=?", (tid,)))
+
+    # -- admitting -------------------------------------------------------------------------
+
+    def author(self, tenant: str, message: Message, data: bytes | None) -> Reply:
+        """A locally authored message: the reference's answer against the current state.
+
+        Accepted, it is admitted at its canonical place (usually the end; a device whose
+        clock is behind a replicated message's warps).
+        """
+        cid = message_cid(message)
+        key = sort_key(message, cid)
+        if not self._sorts_last(tenant, key, _record_id(message)):
+            # Judge against the current state without keeping anything, then place it.
+            reply = self._dry_run(tenant, message, data)
+            if reply.code in (202, 204):
+                self.place(tenant, message, data, cid, lambda _: Verdict.ADMIT)
+            return reply
+        with self.store.transaction():
+            reply, undo = self._recorded(tenant, message, data, withheld=False)
+            if reply.code in (202, 204):
+                self._insert(tenant, message, data, cid, key, accepted=True, undo=undo)
+        return reply
+
+    def place(self, tenant: str, message: Message, data: bytes | None, cid: str, judge: Judge) -> Placement:
+        """Admit a replicated message at its canonical place; ``judge`` reads its reply there."""
+        key = sort_key(message, cid)
+        record_id = _record_id(message)
+        with self.store.transaction():
+            if self._sorts_last(tenant, key, record_id):
+                reply, undo = self._recorded(tenant, message, data, withheld=False)
+                verdict = judge(reply)
+                if verdict is Verdict.DROP:
+                    return Placement(reply, verdict, False, 0)
+                self._insert(tenant, message, data, cid, key, accepted=reply.code in (202, 204), undo=undo)
+                stored = self.store.messages.has(tenant, _stored_cid(message, cid))
+                return Placement(reply, verdict, stored, 0)
+            start = self._warp_start(tenant, key, record_id)
+            self._insert(tenant, message, data, cid, key, accepted=False, undo=b"")
+            outcome: dict[str, Any] = {}
+
+            def at_place(reply: Reply) -> bool:
+                outcome["reply"], outcome["verdict"] = reply, judge(reply)
+                return outcome["verdict"] is not Verdict.DROP
+
+            warped = self._warp(tenant, start, cid, at_place)
+            reply, verdict = outcome["reply"], outcome["verdict"]
+            if verdict is Verdict.DROP and start < key:
+                # The message took part in deciding how its record's data-less initial write
+                # was processed; with it gone, decide again.
+                warped += self._warp(tenant, start, None, None)
+            stored = verdict is not Verdict.DROP and self.store.messages.has(tenant, _stored_cid(message, cid))
+            return Placement(reply, verdict, stored, warped)
+
+    def attach_data(self, tenant: str, message: Message, data: bytes, cid: str, judge: Judge) -> Placement:
+        """An archived message that came without its data, now with it: process it again."""
+        tid = self.store._tid(tenant)
+        key = sort_key(message, cid)
+        with self.store.transaction():
+            self.store.conn.execute("UPDATE archive SET data=? WHERE tenant=? AND cid=?", (data, tid, cid))
+            outcome: dict[str, Any] = {}
+
+            def at_place(reply: Reply) -> bool:
+                outcome["reply"], outcome["verdict"] = reply, judge(reply)
+                return True  # already admitted: a refusal now is the contract's, not a drop
+
+            warped = self._warp(tenant, key, cid, at_place)
+            reply, verdict = outcome["reply"], outcome["verdict"]
+            if verdict is Verdict.DROP:
+                verdict = Verdict.KEEP
+            stored = self.store.messages.has(tenant, _stored_cid(message, cid))
+            return Placement(reply, verdict, stored, warped)
+
+    def rebuild(self, tenant: str) -> int:
+        """Process the whole archive again from nothing (a check: the state must not change)."""
+        with self.store.transaction():
+            return self._warp(tenant, "", None, None)
+
+    def adopt(self, tenant: str) -> int:
+        """Archive the messages a store made before the archive existed (schema v1), then
+        rebuild its state from them in canonical order. Returns how many were archived."""
+        store, conn = self.store, self.store.conn
+        tid = store._tid(tenant)
+        with store.transaction():
+            rows = conn.execute("SELECT cid, body FROM messages WHERE tenant=?", (tid,)).fetchall()
+            touched = {str(stored_cid) for stored_cid, _ in rows}
+            for _, body in rows:
+                message = json.loads(str(body))
+                inline = message.pop("encodedData", None)
+                cid = message_cid(message)
+                data = _adopted_data(store, tenant, message, inline)
+                self._insert(tenant, message, data, cid, sort_key(message, cid), accepted=True, undo=b"")
+            conn.execute("DELETE FROM messages WHERE tenant=?", (tid,))
+            conn.execute("DELETE FROM data WHERE tenant=?", (tid,))
+            self._warp(tenant, "", None, None, touched)
+        return len(rows)
+
+    # -- the machinery ---------------------------------------------------------------------
+
+    def _sorts_last(self, tenant: str, key: str, record_id: str | None) -> bool:
+        """Whether ``key`` sorts after everything archived and needs no data-less re-processing."""
+        tid = self.store.tenant_id(tenant, create=False)
+        if tid is None:
+            return True
+        conn = self.store.conn
+        if conn.execute("SELECT 1 FROM archive WHERE tenant=? AND sort_key>? LIMIT 1", (tid, key)).fetchone():
+            return False
+        return self._withheld_initial(tid, record_id, key) is None
+
+    def _withheld_initial(self, tid: int, record_id: str | None, key: str) -> str | None:
+        """The key of the record's data-less initial write if a message at ``key`` would be its
+        first later message (so the initial write must now be processed with data withheld)."""
+        if record_id is None:
+            return None
+        conn = self.store.conn
+        row = conn.execute(
+            "SELECT sort_key FROM archive WHERE tenant=? AND record_id=? AND initial=1 AND data IS NULL",
+            (tid, record_id),
+        ).fetchone()
+        if row is None or row[0] >= key:
+            return None
+        later = conn.execute(
+            "SELECT 1 FROM archive WHERE tenant=? AND record_id=? AND sort_key>? LIMIT 1", (tid, record_id, row[0])
+        ).fetchone()
+        return None if later else str(row[0])
+
+    def _warp_start(self, tenant: str, key: str, record_id: str | None) -> str:
+        withheld = self._withheld_initial(self.store._tid(tenant), record_id, key)
+        return key if withheld is None else min(key, withheld)
+
+    def _dry_run(self, tenant: str, message: Message, data: bytes | None) -> Reply:
+        """The reference's answer against the current state, with every change rolled back."""
+        answer: list[Reply] = []
+        try:
+            with self.store.transaction():
+                answer.append(self._process(tenant, message, data, False))
+                raise _RollBack
+        except _RollBack:
+            pass
+        return answer[0]
+
+    def _recorded(self, tenant: str, message: Message, data: bytes | None, *, withheld: bool) -> tuple[Reply, bytes]:
+        """Process with a session attached; returns the reply and the changes' inverse."""
+        session = apsw.Session(self.store.conn, "main")
+        try:
+            for table in _STATE_TABLES:
+                session.attach(table)
+            reply = self._process(tenant, message, data, withheld)
+            changes = session.changeset()
+        finally:
+            session.close()
+        return reply, apsw.Changeset.invert(changes) if changes else b""
+
+    def _insert(
+        self, tenant: str, message: Message, data: bytes | None, cid: str, key: str, *, accepted: bool, undo: bytes
+    ) -> None:
+        body = {k: v for k, v in message.items() if k != "encodedData"}
+        self.store.conn.execute(
+            "INSERT INTO archive(tenant, sort_key, cid, stored_cid, record_id, initial, body, data, accepted, undo)"
+            " VALUES(?,?,?,?,?,?,?,?,?,?)",
+            (
+                self.store._tid(tenant),
+                key,
+                cid,
+                _stored_cid(message, cid),
+                _record_id(message),
+                int(is_initial_write(message)),
+                json_compact(body),
+                data,
+                int(accepted),
+                undo,
+            ),
+        )
+
+    def _warp(
+        self,
+        tenant: str,
+        start: str,
+        placing: str | None,
+        at_place: Callable[[Reply], bool] | None,
+        touched: set[str] | None = None,
+    ) -> int:
+        """Take the state back to before ``start``, then process the archive from there on.
+
+        ``at_place`` reads the reply of the message ``placing``; False drops it from the
+        archive. Runs inside the caller's transaction. Returns how many messages were processed.
+        """
+        store, conn = self.store, self.store.conn
+        tid = store._tid(tenant)
+        touched = set() if touched is None else touched
+        # 1. back: the inverse of each later message's changes, newest first
+        for (undo,) in conn.execute(
+            "SELECT undo FROM archive WHERE tenant=? AND sort_key>=? ORDER BY sort_key DESC", (tid, start)
+        ).fetchall():
+            if undo:
+                _collect_cids(_opt_bytes(undo) or b"", touched)
+                apsw.Changeset.apply(_opt_bytes(undo) or b"", conn)
+        # 2. forth: every message from `start` on, in canonical order; the event log stays put
+        rows = [
+            _Row(_int(r[0]), str(r[1]), str(r[2]), str(r[3]), _opt_str(r[4]), bool(r[5]), str(r[6]), _opt_bytes(r[7]))
+            for r in conn.execute(
+                f"SELECT {_ROW_COLUMNS} FROM archive WHERE tenant=? AND sort_key>=? ORDER BY sort_key", (tid, start)
+            ).fetchall()
+        ]
+        processed = 0
+        store.events.frozen = True
+        try:
+            for row in rows:
+                message = json.loads(row.body)
+                withheld = row.initial and row.data is None and self._has_later(tid, row)
+                reply, undo = self._recorded(tenant, message, row.data, withheld=withheld)
+                processed += 1
+                touched.add(row.stored_cid)
+                if undo:
+                    _collect_cids(undo, touched)
+                if row.cid == placing and at_place is not None and not at_place(reply):
+                    if undo:  # a refusal changes nothing; should it have, undo it now
+                        apsw.Changeset.apply(undo, conn)
+                    conn.execute("DELETE FROM archive WHERE id=?", (row.id,))
+                    continue
+                conn.execute(
+                    "UPDATE archive SET accepted=?, undo=? WHERE id=?", (int(reply.code in (202, 204)), undo, row.id)
+                )
+        finally:
+            store.events.frozen = False
+        self._reconcile_log(tenant, tid, touched)
+        self.warps += 1
+        self.replayed += processed
+        return processed
+
+    def _has_later(self, tid: int, row: _Row) -> bool:
+        return (
+            self.store.conn.execute(
+                "SELECT 1 FROM archive WHERE tenant=? AND record_id=? AND sort_key>? LIMIT 1",
+                (tid, row.record_id, row.key),
+            ).fetchone()
+            is not None
+        )
+
+    def _reconcile_log(self, tenant: str, tid: int, stored_cids: Iterable[str]) -> None:
+        """One event-log entry per stored message, positions of messages still stored kept."""
+        conn, events = self.store.conn, self.store.events
+        newly: list[tuple[str, str, str]] = []  # (sort key, cid as sent, stored cid)
+        for stored_cid in stored_cids:
+            row = conn.execute(
+                "SELECT sort_key, cid FROM archive WHERE tenant=? AND stored_cid=?", (tid, stored_cid)
+            ).fetchone()
+            key, cid = (str(row[0]), str(row[1])) if row is not None else ("", stored_cid)
+            stored = self.store.messages.has(tenant, stored_cid)
+            position = events.position_of(tenant, cid)
+            if stored and position is None:
+                newly.append((key, cid, stored_cid))
+            elif not stored and position is not None:
+                events.delete_events_by_cid(tenant, [cid])
+        for _, cid, stored_cid in sorted(newly):
+            indexes = self.store.messages.get_indexes(tenant, stored_cid)
+            if indexes is None:  # pragma: no cover - checked just above
+                raise DwnError("StoreInternal", f"{stored_cid} vanished while reconciling the log", 500)
+            events.append(tenant, cid, indexes)
+
+
+def _int(value: Any) -> int:
+    return int(value)
+
+
+def _opt_str(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _opt_bytes(value: Any) -> bytes | None:
+    return None if value is None else bytes(value)
+
+
+def _adopted_data(store: Store, tenant: str, message: Message, inline: str | None) -> bytes | None:
+    d = message["descriptor"]
+    if (d.get("interface"), d.get("method")) != ("Records", "Write"):
+        return None
+    if inline is not None:
+        return b64url_decode(inline)
+    return store.data.get(tenant, message["recordId"], d["dataCid"])
+
+
+class _RollBack(Exception):
+    """Raised inside a savepoint to undo what a dry run did."""
+
+
+def _collect_cids(changeset: bytes, into: set[str]) -> None:
+    """The CIDs of the ``messages`` rows a changeset inserts or deletes."""
+    for change in apsw.Changeset.iter(changeset):
+        if change.name != "messages":
+            continue
+        for values in (change.old, change.new):
+            if values is not None and isinstance(values[2], str):
+                into.add(values[2])
