@@ -57,6 +57,7 @@ __all__ = [
     "STATEFUL",
     "History",
     "archived_data",
+    "archived_messages",
     "Placement",
     "Process",
     "Verdict",
@@ -136,6 +137,32 @@ def archived_data(store: Store, tenant: str, cid: str) -> tuple[bool, bytes | No
         "SELECT data FROM archive WHERE tenant=? AND (cid=? OR stored_cid=?)", (tid, cid, cid)
     ).fetchone()
     return (False, None) if row is None else (True, _opt_bytes(row[0]))
+
+
+def archived_messages(
+    store: Store, tenant: str, *, record_id: str | None = None, protocol: str | None = None
+) -> list[tuple[Message, bytes | None]]:
+    """Archived messages, in canonical order, with their data: a record's (``record_id``), or
+    the definitions of a protocol (``protocol``). What the state dropped is still here: the
+    definition a newer one replaced, the messages of a pruned record."""
+    tid = store.tenant_id(tenant, create=False)
+    if tid is None:
+        return []
+    if record_id is not None:
+        rows = store.conn.execute(
+            "SELECT body, data FROM archive WHERE tenant=? AND record_id=? ORDER BY sort_key", (tid, record_id)
+        ).fetchall()
+        return [(json.loads(str(body)), _opt_bytes(data)) for body, data in rows]
+    rows = store.conn.execute(
+        "SELECT body FROM archive WHERE tenant=? AND record_id IS NULL ORDER BY sort_key", (tid,)
+    ).fetchall()
+    out: list[tuple[Message, bytes | None]] = []
+    for (body,) in rows:
+        message = json.loads(str(body))
+        definition = message["descriptor"].get("definition")
+        if isinstance(definition, dict) and definition.get("protocol") == protocol:
+            out.append((message, None))
+    return out
 
 
 def _stored_cid(message: Message, cid: str) -> str:

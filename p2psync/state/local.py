@@ -16,10 +16,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from p2psync.dwn.canonical import archived_data
+from p2psync.dwn.canonical import archived_data, archived_messages
 from p2psync.dwn.encoding import b64url_decode, message_cid
 from p2psync.dwn.engine import Dwn
-from p2psync.dwn.generic_message import get_newest_message
+from p2psync.dwn.generic_message import get_newest_message, is_older
 from p2psync.dwn.records_util import construct_prefix_filter_as_range_filter
 from p2psync.dwn.records_write import is_initial_write
 from p2psync.dwn.replication_types import (
@@ -155,7 +155,7 @@ class LocalStoreFetcher:
         writes, _ = self.store.messages.query(tenant, [flt])
         newest = get_newest_message(writes)
         if newest is None:
-            return []
+            return self._archived_record(tenant, record_id, protocol)
         # Only the latest state holds the data (an older initial write is kept without it).
         live, _ = self.store.messages.query(tenant, [{**flt, "isLatestBaseState": True}])
         out: list[ReplicationEntry] = []
@@ -165,16 +165,40 @@ class LocalStoreFetcher:
         out.append(self._entry(tenant, newest, latest=bool(live)))
         return out
 
+    def _archived_record(self, tenant: str, record_id: str, protocol: str | None) -> list[ReplicationEntry]:
+        """A record the state no longer holds (pruned): its initial and newest archived writes.
+
+        A message that sorts before the prune still needs them (docs/replication-apply.md)."""
+        writes = [
+            (m, d)
+            for m, d in archived_messages(self.store, tenant, record_id=record_id)
+            if m["descriptor"].get("method") == "Write"
+            and (protocol is None or m["descriptor"].get("protocol") == protocol)
+        ]
+        if not writes:
+            return []
+        initial = next(((m, d) for m, d in writes if is_initial_write(m)), None)
+        picked = [initial] if initial is not None and initial is not writes[-1] else []
+        return [ReplicationEntry(m, d) for m, d in [*picked, writes[-1]]]
+
     def _protocol(self, tenant: str, protocol: str) -> list[ReplicationEntry]:
+        """Every definition of the protocol this store admitted, oldest first: the state keeps
+        only the newest, but a record written under an earlier one is judged by it."""
         configures, _ = self.store.messages.query(
             tenant, [{"interface": "Protocols", "method": "Configure", "protocol": protocol}]
         )
         newest = get_newest_message(configures)
-        return [] if newest is None else [ReplicationEntry(newest)]
+        if newest is None:
+            return []
+        newest_cid = message_cid(newest)
+        older = [m for m, _ in archived_messages(self.store, tenant, protocol=protocol) if message_cid(m) != newest_cid]
+        return [*(ReplicationEntry(m) for m in older if is_older(m, newest)), ReplicationEntry(newest)]
 
     def _live_records(self, tenant: str, flt: dict[str, Any]) -> list[ReplicationEntry]:
+        """Records matching ``flt`` — live ones, and ones since deleted (a message written while
+        such a record lived, a role holder's, is judged with it)."""
         matches, _ = self.store.messages.query(
-            tenant, [{**flt, "interface": "Records", "method": "Write", "isLatestBaseState": True}]
+            tenant, [{**flt, "interface": "Records", "method": "Write"}]
         )
         out: list[ReplicationEntry] = []
         for record_id in dict.fromkeys(m["recordId"] for m in matches):
