@@ -49,6 +49,10 @@ import apsw
 
 from p2psync.dwn.encoding import b64url_decode, json_compact, message_cid
 from p2psync.dwn.errors import DwnError
+from p2psync.dwn.generic_message import get_author
+from p2psync.dwn.jws import decode_payload
+from p2psync.dwn.permissions import PERMISSIONS_PROTOCOL_URI
+from p2psync.dwn.protocols import fetch_all_role_paths
 from p2psync.dwn.records_write import is_initial_write
 from p2psync.dwn.reply import Reply
 from p2psync.dwn.store import Store
@@ -58,8 +62,10 @@ __all__ = [
     "History",
     "archived_data",
     "archived_messages",
+    "archived_record",
     "Placement",
     "Process",
+    "Footprint",
     "Verdict",
     "is_stateful",
     "sort_key",
@@ -71,6 +77,28 @@ Message = dict[str, Any]
 
 # The messages that change a tenant's state; reads, queries and subscriptions do not.
 STATEFUL: Final = frozenset({("Records", "Write"), ("Records", "Delete"), ("Protocols", "Configure")})
+
+
+
+@dataclass(frozen=True, slots=True)
+class Footprint:
+    """What processing a message may read (``reads`` includes ``writes``) and change."""
+
+    reads: frozenset[str]
+    writes: frozenset[str]
+
+    def text(self) -> str:
+        return f"{' '.join(sorted(self.writes))}|{' '.join(sorted(self.reads - self.writes))}"
+
+    @classmethod
+    def parse(cls, text: str) -> Footprint:
+        writes, _, reads = text.partition("|")
+        w = frozenset(writes.split())
+        return cls(w | frozenset(reads.split()), w)
+
+
+# The footprint of a message whose processing may read or change anything.
+EVERYTHING: Final = Footprint(frozenset({"*"}), frozenset({"*"}))
 
 # The tables a message's processing changes (the event log is reconciled, not rewound).
 _STATE_TABLES: Final = ("messages", "data")
@@ -139,6 +167,17 @@ def archived_data(store: Store, tenant: str, cid: str) -> tuple[bool, bytes | No
     return (False, None) if row is None else (True, _opt_bytes(row[0]))
 
 
+def archived_record(store: Store, tenant: str, record_id: str) -> bool:
+    """Whether the initial write of ``record_id`` was admitted here (held or not)."""
+    tid = store.tenant_id(tenant, create=False)
+    if tid is None:
+        return False
+    row = store.conn.execute(
+        "SELECT 1 FROM archive WHERE tenant=? AND record_id=? AND initial=1", (tid, record_id)
+    ).fetchone()
+    return row is not None
+
+
 def archived_messages(
     store: Store, tenant: str, *, record_id: str | None = None, protocol: str | None = None
 ) -> list[tuple[Message, bytes | None]]:
@@ -194,6 +233,7 @@ class History:
     def __init__(self, store: Store, process: Process) -> None:
         self.store = store
         self._process = process
+        self._role_paths: dict[tuple[int, str], frozenset[str]] = {}  # (tenant, protocol) -> paths
         self.warps = 0  # warps done since this object was made (for tests and metrics)
         self.replayed = 0  # messages processed again by them
 
@@ -262,12 +302,13 @@ class History:
                 outcome["reply"], outcome["verdict"] = reply, judge(reply)
                 return outcome["verdict"] is not Verdict.DROP
 
-            warped = self._warp(tenant, start, cid, at_place)
+            scope = self._footprint(self.store._tid(tenant), message)
+            warped = self._warp(tenant, start, cid, at_place, scope=scope)
             reply, verdict = outcome["reply"], outcome["verdict"]
             if verdict is Verdict.DROP and start < key:
                 # The message took part in deciding how its record's data-less initial write
                 # was processed; with it gone, decide again.
-                warped += self._warp(tenant, start, None, None)
+                warped += self._warp(tenant, start, None, None, scope=scope)
             stored = verdict is not Verdict.DROP and self.store.messages.has(tenant, _stored_cid(message, cid))
             return Placement(reply, verdict, stored, warped)
 
@@ -283,7 +324,7 @@ class History:
                 outcome["reply"], outcome["verdict"] = reply, judge(reply)
                 return True  # already admitted: a refusal now is the contract's, not a drop
 
-            warped = self._warp(tenant, key, cid, at_place)
+            warped = self._warp(tenant, key, cid, at_place, scope=self._footprint(tid, message))
             reply, verdict = outcome["reply"], outcome["verdict"]
             if verdict is Verdict.DROP:
                 verdict = Verdict.KEEP
@@ -374,11 +415,14 @@ class History:
         self, tenant: str, message: Message, data: bytes | None, cid: str, key: str, *, accepted: bool, undo: bytes
     ) -> None:
         body = {k: v for k, v in message.items() if k != "encodedData"}
+        tid = self.store._tid(tenant)
+        if _record_id(message) is None:
+            self._role_paths.clear()  # a protocol definition: its role paths may differ
         self.store.conn.execute(
-            "INSERT INTO archive(tenant, sort_key, cid, stored_cid, record_id, initial, body, data, accepted, undo)"
-            " VALUES(?,?,?,?,?,?,?,?,?,?)",
+            "INSERT INTO archive(tenant, sort_key, cid, stored_cid, record_id, initial, body, data, accepted, touch,"
+            " undo) VALUES(?,?,?,?,?,?,?,?,?,?,?)",
             (
-                self.store._tid(tenant),
+                tid,
                 key,
                 cid,
                 _stored_cid(message, cid),
@@ -387,9 +431,118 @@ class History:
                 json_compact(body),
                 data,
                 int(accepted),
+                self._footprint(tid, message).text(),
                 undo,
             ),
         )
+
+    def _footprint(self, tid: int, message: Message) -> Footprint:
+        """What processing ``message`` may read and what it may change, as keys.
+
+        A later message is processed again in a warp only if it reads or changes what an
+        earlier one processed again changes, or changes what such a one reads (it would see
+        the later message's effect otherwise); any other keeps its effects, which touch other
+        rows. The keys:
+
+        - ``rec:<id>`` — the messages of a record. A Records message changes its own record
+          (a pruning delete also removes the records below, which all read it) and reads its
+          record and every ancestor of its context (a child's validity reads its parent's
+          state; ``$actions`` rules read ancestors' authors and recipients).
+        - ``proto:<uri>`` — a protocol's definition: a configure changes it, its records read it.
+        - ``role:<uri>:<did>`` — a protocol's role records for one recipient: a record with a
+          recipient at a path some definition of the protocol makes a ``$role`` changes them
+          (and reads them, for the one-role-record-per-recipient rule); a message whose author
+          invokes ``protocolRole`` reads the author's.
+        - ``grant:<id>`` — a permission grant and its revocations: the grant record and every
+          permission record under it change it; a message authorized by it reads it.
+
+        A message not understood reads and changes everything.
+        """
+        d = message.get("descriptor")
+        if not isinstance(d, dict):
+            return EVERYTHING
+        reads: set[str] = set()
+        payload = _signature_payload(message)
+        grants = [payload.get("permissionGrantId")]
+        authorization = message.get("authorization")
+        if isinstance(authorization, dict):
+            for delegated in ("authorDelegatedGrant", "ownerDelegatedGrant"):
+                grant = authorization.get(delegated)
+                if isinstance(grant, dict):
+                    grants.append(grant.get("recordId"))
+            if "ownerSignature" in authorization:
+                grants.append(_payload(authorization["ownerSignature"]).get("permissionGrantId"))
+        for grant_id in grants:
+            if isinstance(grant_id, str):
+                reads.update((f"grant:{grant_id}", f"rec:{grant_id}"))
+        if (d.get("interface"), d.get("method")) == ("Protocols", "Configure"):
+            definition = d.get("definition")
+            protocol = definition.get("protocol") if isinstance(definition, dict) else None
+            if not isinstance(protocol, str):
+                return EVERYTHING
+            writes = {f"proto:{protocol}"}
+            return Footprint(frozenset(reads | writes), frozenset(writes))
+        record_id = _record_id(message)
+        if record_id is None:
+            return EVERYTHING
+        writes = {f"rec:{record_id}"}
+        reads.add(f"rec:{record_id}")
+        # A delete carries neither context nor protocol nor recipient: its record's initial
+        # write does (a delete is only admitted once that is here).
+        record = message if d.get("method") == "Write" else self._archived_initial(tid, record_id)
+        if record is not None:
+            rd = record["descriptor"]
+            context = record.get("contextId")
+            if isinstance(context, str):
+                reads.update(f"rec:{part}" for part in context.split("/") if part)
+            parent = rd.get("parentId")
+            if isinstance(parent, str):
+                reads.add(f"rec:{parent}")
+            protocol = rd.get("protocol")
+            if isinstance(protocol, str):
+                reads.add(f"proto:{protocol}")
+                recipient = rd.get("recipient")
+                if recipient is not None and self._may_be_role(tid, protocol, rd.get("protocolPath")):
+                    writes.add(f"role:{protocol}:{recipient}")
+                if payload.get("protocolRole") is not None:
+                    reads.add(f"role:{protocol}:{get_author(message)}")
+                if protocol == PERMISSIONS_PROTOCOL_URI:
+                    grant_id = parent if isinstance(parent, str) else record_id
+                    writes.add(f"grant:{grant_id}")
+        elif payload.get("protocolRole") is not None:
+            return EVERYTHING
+        return Footprint(frozenset(reads | writes), frozenset(writes))
+
+    def _may_be_role(self, tid: int, protocol: str, path: Any) -> bool:
+        """Whether ``path`` is a ``$role`` in any definition of ``protocol`` admitted here (or
+        no definition is: then anything may be)."""
+        key = (tid, protocol)
+        paths = self._role_paths.get(key)
+        if paths is None:
+            found: set[str] = set()
+            definitions = 0
+            for (body,) in self.store.conn.execute(
+                "SELECT body FROM archive WHERE tenant=? AND record_id IS NULL", (tid,)
+            ).fetchall():
+                definition = json.loads(str(body))["descriptor"].get("definition")
+                if isinstance(definition, dict) and definition.get("protocol") == protocol:
+                    definitions += 1
+                    try:
+                        found.update(fetch_all_role_paths("", definition.get("structure") or {}, []))
+                    except (DwnError, TypeError, AttributeError):
+                        return True
+            paths = self._role_paths[key] = frozenset(found) if definitions else frozenset({"*"})
+        return "*" in paths or path in paths
+
+    def _archived_initial(self, tid: int, record_id: str) -> Message | None:
+        """A record's initial write, from the archive (a delete carries little of its record)."""
+        row = self.store.conn.execute(
+            "SELECT body FROM archive WHERE tenant=? AND record_id=? AND initial=1", (tid, record_id)
+        ).fetchone()
+        if row is None:
+            return None
+        initial = json.loads(str(row[0]))
+        return initial if isinstance(initial, dict) else None
 
     def _warp(
         self,
@@ -398,29 +551,31 @@ class History:
         placing: str | None,
         at_place: Callable[[Reply], bool] | None,
         touched: set[str] | None = None,
+        scope: Footprint = EVERYTHING,
     ) -> int:
         """Take the state back to before ``start``, then process the archive from there on.
 
+        Only the messages from ``start`` on whose footprints meet ``scope`` — or the
+        footprint of one already taken, in canonical order — are processed again.
         ``at_place`` reads the reply of the message ``placing``; False drops it from the
         archive. Runs inside the caller's transaction. Returns how many messages were processed.
         """
         store, conn = self.store, self.store.conn
         tid = store._tid(tenant)
         touched = set() if touched is None else touched
-        # 1. back: the inverse of each later message's changes, newest first
-        for (undo,) in conn.execute(
-            "SELECT undo FROM archive WHERE tenant=? AND sort_key>=? ORDER BY sort_key DESC", (tid, start)
-        ).fetchall():
+        meta = conn.execute(
+            "SELECT id, touch FROM archive WHERE tenant=? AND sort_key>=? ORDER BY sort_key", (tid, start)
+        ).fetchall()
+        affected = _affected(meta, scope)
+        # 1. back: the inverse of each affected message's changes, newest first (the others
+        #    touched other rows, and stay as they are)
+        for row_id in reversed(affected):
+            undo = _opt_bytes(self.store.scalar("SELECT undo FROM archive WHERE id=?", (row_id,))) or b""
             if undo:
-                _collect_cids(_opt_bytes(undo) or b"", touched)
-                apsw.Changeset.apply(_opt_bytes(undo) or b"", conn)
-        # 2. forth: every message from `start` on, in canonical order; the event log stays put
-        rows = [
-            _Row(_int(r[0]), str(r[1]), str(r[2]), str(r[3]), _opt_str(r[4]), bool(r[5]), str(r[6]), _opt_bytes(r[7]))
-            for r in conn.execute(
-                f"SELECT {_ROW_COLUMNS} FROM archive WHERE tenant=? AND sort_key>=? ORDER BY sort_key", (tid, start)
-            ).fetchall()
-        ]
+                _collect_cids(undo, touched)
+                apsw.Changeset.apply(undo, conn)
+        # 2. forth: the affected messages in canonical order; the event log stays put
+        rows = [self._row(row_id) for row_id in affected]
         processed = 0
         store.events.frozen = True
         try:
@@ -438,7 +593,8 @@ class History:
                     conn.execute("DELETE FROM archive WHERE id=?", (row.id,))
                     continue
                 conn.execute(
-                    "UPDATE archive SET accepted=?, undo=? WHERE id=?", (int(reply.code in (202, 204)), undo, row.id)
+                    "UPDATE archive SET accepted=?, touch=?, undo=? WHERE id=?",
+                    (int(reply.code in (202, 204)), self._footprint(tid, message).text(), undo, row.id),
                 )
         finally:
             store.events.frozen = False
@@ -446,6 +602,14 @@ class History:
         self.warps += 1
         self.replayed += processed
         return processed
+
+    def _row(self, row_id: int) -> _Row:
+        r = self.store.conn.execute(f"SELECT {_ROW_COLUMNS} FROM archive WHERE id=?", (row_id,)).fetchone()
+        if r is None:  # pragma: no cover - the id was just read
+            raise DwnError("StoreInternal", f"archive row {row_id} vanished", 500)
+        row_id, key, cid, stored_cid, record_id, initial, body, data = r
+        return _Row(_int(row_id), str(key), str(cid), str(stored_cid), _opt_str(record_id), bool(initial), str(body),
+                    _opt_bytes(data))
 
     def _has_later(self, tid: int, row: _Row) -> bool:
         return (
@@ -497,6 +661,43 @@ def _adopted_data(store: Store, tenant: str, message: Message, inline: str | Non
     if inline is not None:
         return b64url_decode(inline)
     return store.data.get(tenant, message["recordId"], d["dataCid"])
+
+
+def _affected(meta: list[Any], scope: Footprint) -> list[int]:
+    """The archive rows (id, footprint) a warp must process again, in canonical order."""
+    if "*" in scope.writes:
+        return [int(row_id) for row_id, _ in meta]
+    reads, writes = set(scope.reads), set(scope.writes)
+    out: list[int] = []
+    for row_id, text in meta:
+        fp = Footprint.parse(str(text))
+        if "*" in fp.writes:
+            return _from(meta, row_id, out)
+        if not writes.isdisjoint(fp.reads) or not reads.isdisjoint(fp.writes):
+            out.append(int(row_id))
+            reads |= fp.reads
+            writes |= fp.writes
+    return out
+
+
+def _from(meta: list[Any], first: Any, taken: list[int]) -> list[int]:
+    """``taken``, then every row from ``first`` on (a message that touches everything, and
+    with it everything after it, is processed again)."""
+    ids = [int(row_id) for row_id, _ in meta]
+    return taken + ids[ids.index(int(first)) :]
+
+
+def _payload(signature: Any) -> dict[str, Any]:
+    try:
+        payload = decode_payload(signature)
+    except (DwnError, KeyError, TypeError, ValueError):
+        return {}
+    return payload if isinstance(payload, dict) else {}
+
+
+def _signature_payload(message: Message) -> dict[str, Any]:
+    authorization = message.get("authorization")
+    return _payload(authorization.get("signature")) if isinstance(authorization, dict) else {}
 
 
 class _RollBack(Exception):

@@ -39,7 +39,7 @@ import apsw
 
 from p2psync.dwn import permissions
 from p2psync.dwn.authentication import authenticate
-from p2psync.dwn.canonical import History, Placement, Verdict, is_stateful
+from p2psync.dwn.canonical import History, Placement, Verdict, archived_messages, archived_record, is_stateful
 from p2psync.dwn.datacid import data_cid as compute_data_cid
 from p2psync.dwn.encoding import message_cid
 from p2psync.dwn.errors import DwnError
@@ -47,6 +47,7 @@ from p2psync.dwn.generic_message import get_author, get_newest_message
 from p2psync.dwn.handlers.records import STAGE_ERRORS, parse_signed_records_message
 from p2psync.dwn.jws import decode_payload
 from p2psync.dwn.protocols import ProtocolsConfigure
+from p2psync.dwn.records_util import construct_prefix_filter_as_range_filter
 from p2psync.dwn.records_write import RecordsWrite, fetch_initial_records_write_message, is_initial_write
 from p2psync.dwn.replication_types import (
     Ancestor,
@@ -246,6 +247,7 @@ class _Verdict:
             missing = dependency_refs(self.store, self.tenant, self.message, self.data, code, detail)
         except STAGE_ERRORS:
             missing = []  # what is missing cannot be told from this message
+        missing = [ref for ref in missing if not _admitted_later(self.store, self.tenant, ref)]
         if missing:
             return self._drop(Incomplete(tuple(missing)))
         if code >= 500:
@@ -265,6 +267,27 @@ class _Verdict:
             position = _position(self.store, self.tenant, self.cid)
             return Applied(ancestry_only=placement.reply.code == 204, position=position)
         return Superseded()
+
+
+def _admitted_later(store: Store, tenant: str, ref: DependencyRef) -> bool:
+    """Whether what ``ref`` names was admitted here, so that it was missing at the message's
+    canonical place only because it sorts after it (or was gone by then): the refusal is the
+    canonical one, and fetching would bring nothing new."""
+    if isinstance(ref, InitialWrite | Parent | Ancestor):
+        return archived_record(store, tenant, ref.record_id)
+    if isinstance(ref, Grant):
+        return archived_record(store, tenant, ref.permission_grant_id)
+    if isinstance(ref, Protocol):
+        return bool(archived_messages(store, tenant, protocol=ref.protocol))
+    if isinstance(ref, Role):
+        flt: dict[str, Any] = {
+            "interface": "Records", "method": "Write", "protocol": ref.protocol,
+            "protocolPath": ref.protocol_path, "recipient": ref.recipient,
+        }
+        if ref.context_prefix is not None:
+            flt["contextId"] = construct_prefix_filter_as_range_filter(ref.context_prefix)
+        return bool(store.messages.query(tenant, [flt])[0])
+    return False
 
 
 def _intrinsically_invalid(message: Message, data: bytes | None) -> bool:

@@ -101,6 +101,7 @@ _MIGRATIONS: dict[int, str] = {
         body TEXT NOT NULL,          -- the message as admitted (JSON, without encodedData)
         data BLOB,                   -- its record data, when it came with it
         accepted INTEGER NOT NULL,   -- 1 when processing in canonical order accepted it
+        touch TEXT NOT NULL,         -- what its processing reads or writes ('*': anything)
         undo BLOB NOT NULL           -- inverse changeset of that processing (messages, data)
     );
     CREATE UNIQUE INDEX archive_key ON archive(tenant, sort_key);

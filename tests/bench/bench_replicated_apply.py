@@ -248,6 +248,9 @@ def main() -> None:
             f" closure loop itself {loop_s:.2f} s ({1e6 * loop_s / len(shuffled):.0f} µs a root)"
         )
         same = snapshot(replica.store, tenant) == snapshot(source.store, tenant)
+        history = replica.history
+        print(f"  canonical placement: {history.warps} warps (messages that sorted before admitted ones),"
+              f" {history.replayed} messages processed again in them")
         print(f"  replica == source: {same}")
 
         in_order = Dwn(Store(Path(tmp) / "in-order.db"))

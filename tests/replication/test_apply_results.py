@@ -117,8 +117,9 @@ def test_ancestor_missing_while_constructing_the_record_chain(replica: Dwn) -> N
     s = w.steps
     for name in ("protocol", "thread", "participant", "chat"):
         assert apply(replica, w, s[name]).kind == "Applied"
-    # a replica restored from a partial backup: the thread is gone, its chat is not
+    # a replica restored from a partial backup: the thread is gone (state and archive), its chat is not
     replica.store.messages.delete(w.tenant, s["thread"].cid)
+    replica.store.conn.execute("DELETE FROM archive WHERE cid=?", (s["thread"].cid,))
     result = apply(replica, w, s["reaction"])
     assert result == Incomplete((Ancestor(record_id=s["thread"].message["recordId"], protocol=CHAT),))
 
