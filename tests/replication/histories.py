@@ -51,8 +51,8 @@ INLINE_DATA_MAX: Final = 30_000
 LARGE_ONE_IN: Final = 20
 #: How many messages a history holds (accepted somewhere), at least and at most. A permutation
 #: of 30 messages costs about 20 ms through the closure loop.
-MIN_MESSAGES: Final = 22
-MAX_MESSAGES: Final = 34
+MIN_MESSAGES: Final = 20
+MAX_MESSAGES: Final = 30
 #: Generation steps before giving up on reaching the size (refused attempts are steps too).
 MAX_STEPS: Final = 400
 
