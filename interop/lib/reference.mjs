@@ -20,7 +20,7 @@ import {
 import { DidJwk, DidKey, DidResolverCacheNoop, UniversalResolver } from '@web5/dids';
 
 /** Ops this harness implements; anything else gets a 400 "unsupported op". */
-export const SUPPORTED_OPS = new Set(['process', 'query']);
+export const SUPPORTED_OPS = new Set(['process', 'query', 'messages']);
 
 // base64url without padding, as the pipe protocol carries data; Node's decoder would
 // silently skip junk characters, so the alphabet is checked first.
@@ -97,6 +97,9 @@ export async function handleRequest(dwn, request) {
   if (typeof tenant !== 'string') {
     return badRequest('request.tenant must be a string', cid);
   }
+  if (op === 'messages') {
+    return dumpTenant(dwn, tenant);
+  }
   if (!messageIsObject) {
     return badRequest('request.message must be a JSON object');
   }
@@ -149,13 +152,50 @@ export async function handleRequest(dwn, request) {
 }
 
 /**
+ * `op: "messages"`: everything the tenant's stores hold, read straight from them (no DWN
+ * message involved), so a test can compare a whole store with the reference's: every stored
+ * message as stored (`encodedData` included) with its CID and index key-values, in CID order,
+ * with the sha256 and size of the data the data store keeps for it; and the event log's CIDs
+ * in log order. `Dwn` keeps its stores in (TypeScript-private) fields; 0.5.2 has no public
+ * way to list them.
+ */
+async function dumpTenant(dwn, tenant) {
+  const { messageStore, dataStore, eventLog } = dwn;
+  // No filter and no limit: the index iterates every item of the tenant (IndexLevel.query).
+  const items = await messageStore.index.query(tenant, [], { sortProperty: 'messageTimestamp' });
+  const messages = [];
+  for (const { messageCid, indexes } of items) {
+    const message = await messageStore.get(tenant, messageCid);
+    if (message === undefined) {
+      continue;
+    }
+    const item = { cid: await storedMessageCid(message), message, indexes };
+    const { descriptor } = message;
+    if (descriptor.interface === 'Records' && descriptor.method === 'Write' && message.encodedData === undefined) {
+      const held = await dataStore.get(tenant, message.recordId, descriptor.dataCid);
+      if (held !== undefined) {
+        item.data_sha256 = await sha256OfStream(held.dataStream);
+        item.data_size = held.dataSize;
+      }
+    }
+    messages.push(item);
+  }
+  messages.sort((a, b) => (a.cid < b.cid ? -1 : a.cid > b.cid ? 1 : 0));
+  const { events } = await eventLog.getEvents(tenant);
+  return { cid: null, status: { code: 200, detail: 'OK' }, messages, events };
+}
+
+/**
  * Like `handleRequest` but also hands back the reference's raw reply (for the generator,
  * which needs e.g. the pagination cursor to author the next query).
  */
 export async function handleRequestWithRaw(dwn, request) {
   const captured = { raw: undefined };
   const proxy = {
-    processMessage: async (...args) => {
+    messageStore   : dwn.messageStore,
+    dataStore      : dwn.dataStore,
+    eventLog       : dwn.eventLog,
+    processMessage : async (...args) => {
       captured.raw = await dwn.processMessage(...args);
       return captured.raw;
     },
