@@ -235,6 +235,7 @@ class History:
         self._process = process
         self._role_paths: dict[tuple[int, str], frozenset[str]] = {}  # (tenant, protocol) -> paths
         self.warps = 0  # warps done since this object was made (for tests and metrics)
+        self.fallbacks = 0  # scoped warps that had to process everything after all
         self.replayed = 0  # messages processed again by them
 
     # -- lookups ---------------------------------------------------------------------------
@@ -303,7 +304,7 @@ class History:
                 return outcome["verdict"] is not Verdict.DROP
 
             scope = self._footprint(self.store._tid(tenant), message)
-            warped = self._warp(tenant, start, cid, at_place, scope=scope)
+            warped = self._scoped_warp(tenant, start, cid, at_place, scope)
             reply, verdict = outcome["reply"], outcome["verdict"]
             if verdict is Verdict.DROP and start < key:
                 # The message took part in deciding how its record's data-less initial write
@@ -324,7 +325,7 @@ class History:
                 outcome["reply"], outcome["verdict"] = reply, judge(reply)
                 return True  # already admitted: a refusal now is the contract's, not a drop
 
-            warped = self._warp(tenant, key, cid, at_place, scope=self._footprint(tid, message))
+            warped = self._scoped_warp(tenant, key, cid, at_place, self._footprint(tid, message))
             reply, verdict = outcome["reply"], outcome["verdict"]
             if verdict is Verdict.DROP:
                 verdict = Verdict.KEEP
@@ -543,6 +544,21 @@ class History:
             return None
         initial = json.loads(str(row[0]))
         return initial if isinstance(initial, dict) else None
+
+    def _scoped_warp(
+        self, tenant: str, start: str, placing: str, at_place: Callable[[Reply], bool], scope: Footprint
+    ) -> int:
+        """A warp over what ``scope`` can affect; over everything after ``start`` should the
+        footprints have missed a dependency (undoing a change then meets a row another message
+        changed: SQLite refuses, and nothing of the attempt remains)."""
+        try:
+            with self.store.transaction():
+                return self._warp(tenant, start, placing, at_place, scope=scope)
+        except apsw.AbortError:
+            self.fallbacks += 1
+            log.warning("footprints missed a dependency placing %s for %s; processing everything after it", placing,
+                        tenant)
+            return self._warp(tenant, start, placing, at_place)
 
     def _warp(
         self,

@@ -89,7 +89,40 @@ _MIGRATIONS: dict[int, str] = {
     """,
     # Every admitted message, in canonical order, with what undoes its processing
     # (p2psync/dwn/canonical.py). A v1 store's messages are archived and replayed on open.
+    # Row ids of messages and data are never reused (AUTOINCREMENT): undoing one message's
+    # changes puts its rows back under their old ids, which no other row may have taken.
     2: """
+    CREATE TABLE messages_v2(
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        tenant INTEGER NOT NULL REFERENCES tenants(id),
+        cid TEXT NOT NULL,
+        body TEXT NOT NULL,
+        indexes TEXT NOT NULL,
+        interface TEXT, method TEXT, record_id TEXT, entry_id TEXT, parent_id TEXT,
+        context_id TEXT, protocol TEXT, protocol_path TEXT, recipient TEXT, author TEXT
+    );
+    INSERT INTO messages_v2 SELECT * FROM messages;
+    DROP TABLE messages;
+    ALTER TABLE messages_v2 RENAME TO messages;
+    CREATE UNIQUE INDEX messages_cid ON messages(tenant, cid);
+    CREATE INDEX messages_record ON messages(tenant, record_id);
+    CREATE INDEX messages_entry ON messages(tenant, entry_id);
+    CREATE INDEX messages_parent ON messages(tenant, parent_id);
+    CREATE INDEX messages_context ON messages(tenant, context_id);
+    CREATE INDEX messages_protocol ON messages(tenant, protocol, protocol_path);
+    CREATE INDEX messages_method ON messages(tenant, interface, method, protocol, protocol_path);
+    CREATE TABLE data_v2(
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        tenant INTEGER NOT NULL REFERENCES tenants(id),
+        record_id TEXT NOT NULL,
+        data_cid TEXT NOT NULL,
+        size INTEGER NOT NULL,
+        bytes BLOB NOT NULL
+    );
+    INSERT INTO data_v2 SELECT * FROM data;
+    DROP TABLE data;
+    ALTER TABLE data_v2 RENAME TO data;
+    CREATE UNIQUE INDEX data_key ON data(tenant, record_id, data_cid);
     CREATE TABLE archive(
         id INTEGER PRIMARY KEY,
         tenant INTEGER NOT NULL REFERENCES tenants(id),

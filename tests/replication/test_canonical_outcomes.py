@@ -259,3 +259,22 @@ def test_delete_after_a_newer_delete(stores: tuple[Dwn, Dwn]) -> None:
     # the older delete sorts first: it is taken, and the prune after it
     assert reordered.apply_replicated_message(w.tenant, s["note-delete"].message).kind in ("Applied", "Superseded")
     _same(in_order, reordered, w.tenant)
+
+
+def test_a_store_from_before_the_archive_is_archived_and_rebuilt(tmp_path: Path) -> None:
+    """A schema-1 store (no archive): opening it archives its messages and rebuilds the state
+    from them in canonical order, which is the state it had."""
+    w = chat_world()
+    path = tmp_path / "old.db"
+    old = Dwn(Store(path))
+    process_all(old, w.tenant, w.ordered())
+    before = snapshot(old.store, w.tenant)
+    old.store.conn.execute("DROP TABLE archive")
+    old.store.conn.execute("PRAGMA user_version=1")
+    old.close()
+    reopened = Dwn(Store(path))
+    assert reopened.history.count(w.tenant) == len(before.messages)
+    assert snapshot(reopened.store, w.tenant) == before
+    # processing the whole archive again changes nothing
+    assert reopened.history.rebuild(w.tenant) == len(before.messages)
+    assert snapshot(reopened.store, w.tenant) == before
