@@ -39,7 +39,7 @@ import apsw
 
 from p2psync.dwn import permissions
 from p2psync.dwn.authentication import authenticate
-from p2psync.dwn.canonical import History, Placement, Verdict, archived_messages, archived_record, is_stateful
+from p2psync.dwn.canonical import History, Placement, Verdict, archived_record, is_stateful
 from p2psync.dwn.datacid import data_cid as compute_data_cid
 from p2psync.dwn.encoding import message_cid
 from p2psync.dwn.errors import DwnError
@@ -270,16 +270,20 @@ class _Verdict:
 
 
 def _admitted_later(store: Store, tenant: str, ref: DependencyRef) -> bool:
-    """Whether what ``ref`` names was admitted here, so that it was missing at the message's
-    canonical place only because it sorts after it (or was gone by then): the refusal is the
-    canonical one, and fetching would bring nothing new."""
+    """Whether the record ``ref`` names was admitted here, so that it was missing at the
+    message's canonical place only because it sorts after it (or was gone by then): the
+    refusal is the canonical one, and fetching would bring nothing new. A record has one
+    initial write, so nothing earlier can come. (A protocol definition can have an earlier
+    version that only archives keep: that is fetched.)"""
     if isinstance(ref, InitialWrite | Parent | Ancestor):
         return archived_record(store, tenant, ref.record_id)
     if isinstance(ref, Grant):
         return archived_record(store, tenant, ref.permission_grant_id)
-    if isinstance(ref, Protocol):
-        return bool(archived_messages(store, tenant, protocol=ref.protocol))
     if isinstance(ref, Role):
+        # A role record stays stored (its initial write) after its delete, so it travels in
+        # every log; one held here that was not live at the message's place is the canonical
+        # answer. An earlier one still to come is a message of its own: its arrival takes the
+        # message up again (it reads that recipient's role records).
         flt: dict[str, Any] = {
             "interface": "Records", "method": "Write", "protocol": ref.protocol,
             "protocolPath": ref.protocol_path, "recipient": ref.recipient,

@@ -4,7 +4,7 @@
     --seed S [--trace]                         one seed, every event printed with --trace
     --topology line|star|ring|mesh|random      default random (a random connected graph)
     --steps N                                  steps of writers and faults before healing
-    --ops basic|full                           creates and updates, or the full mix
+    --ops full|basic                           the full mix (default), or creates and updates only
     --faults normal|heavy                      heavy: ten times the crashes, drops, partitions
 
 A failing seed prints its findings and the command that replays it. The last line is always
@@ -45,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", action="store_true", help="print every event (with --seed)")
     p.add_argument("--topology", choices=TOPOLOGIES, default="random")
     p.add_argument("--steps", type=int, default=SimConfig.steps, help="steps of writers and faults")
-    p.add_argument("--ops", choices=OPS, default="basic", help="basic: creates and updates; full: all ops")
+    p.add_argument("--ops", choices=OPS, default="full", help="full: every op; basic: creates, updates")
     p.add_argument("--faults", choices=FAULT_MIXES, default="normal",
                    help="heavy: crashes, drops and partitions ten times as often")
     p.add_argument("--quiet", action="store_true", help="print only the summary line")

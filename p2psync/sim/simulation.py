@@ -82,7 +82,7 @@ class SimConfig:
     peers: int = 4
     steps: int = 250
     topology: str = "random"
-    ops: str = "basic"
+    ops: str = "full"
     faults: str = "normal"
 
     def replay(self, seed: int) -> str:

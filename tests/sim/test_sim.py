@@ -1,4 +1,4 @@
-"""The simulator: 200 seeds of the default op mix converge; a seed replays identically; every
+"""The simulator: 200 seeds of the full op mix converge; a seed replays identically; every
 fault really happens; a broken invariant is caught; the command line's contract."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ TOPOLOGIES = ("line", "star", "ring", "mesh", "random")
 
 
 def suite_config(seed: int) -> SimConfig:
-    return SimConfig(peers=2 + seed % 4, steps=SUITE_STEPS, topology=TOPOLOGIES[seed % 5], ops="basic")
+    return SimConfig(peers=2 + seed % 4, steps=SUITE_STEPS, topology=TOPOLOGIES[seed % 5])
 
 
 @pytest.mark.parametrize("seed", range(SUITE_SEEDS))
