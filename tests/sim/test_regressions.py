@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from p2psync.dwn.records_write import RecordsWrite
 from p2psync.replication.checkpoint import Direction
 from p2psync.replication.tokens import ProgressToken
 from p2psync.sim.network import Link
-from p2psync.sim.simulation import SimConfig, Simulation
+from p2psync.sim.simulation import SimConfig, Simulation, run_seed
 from p2psync.sim.writers import NOTE
 
 
@@ -107,3 +109,32 @@ def test_a_pull_feed_lists_only_committed_log_entries(tmp_path: Path) -> None:
     listed = dict(p2.store.events.read(sim.tenant, after=-1, limit=100))
     assert listed.get(frontier.position) == frontier.message_cid
     sim.close()
+
+
+@pytest.mark.parametrize(
+    ("seed", "case"),
+    [
+        (52, "two devices delete one record"),
+        (227, "a delete, then a later update of the record"),
+        (299, "a child of a record deleted first"),
+        (48, "a revocation under a grant deleted first"),
+        (526, "a message authorized by a role since deleted; an older protocol definition"),
+        (441, "a grant created, revoked and deleted before the first sync"),
+    ],
+)
+def test_the_order_dependent_seeds_converge(tmp_path: Path, seed: int, case: str) -> None:
+    """The minimal seeds that showed 0.5.2's order-dependent outcomes between two devices
+    (docs/replication-apply.md, *Canonical outcomes*) end in the canonical state."""
+    config = SimConfig(peers=2, steps=30, topology="line", ops="full")
+    result = run_seed(seed, config, tmp_path)
+    assert result.outcome == "converged", "\n".join([case, *map(str, result.findings), config.replay(seed)])
+
+
+@pytest.mark.parametrize(("seed", "peers", "steps", "topology"), [(92, 2, 250, "random"), (8, 2, 120, "mesh")])
+def test_what_only_archives_keep_is_served(tmp_path: Path, seed: int, peers: int, steps: int, topology: str) -> None:
+    """Seed 92: a revocation sorting before its grant's delete needs the grant's data, which
+    the delete dropped from the state; seed 8: a thread written under a protocol definition a
+    newer one replaced. Both only archives keep, and a peer serves them from there."""
+    config = SimConfig(peers=peers, steps=steps, topology=topology, ops="full")
+    result = run_seed(seed, config, tmp_path)
+    assert result.outcome == "converged", "\n".join([*map(str, result.findings), config.replay(seed)])
