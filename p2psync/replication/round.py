@@ -12,7 +12,10 @@ A :class:`SyncRound` runs, once hello has succeeded:
    the source from the start; a push whose own log changed stream or epoch resets its
    document;
 4. the pair saved on the passive (``setCheckpoint``, MVCC ``rev``; a stale rev is re-read and
-   retried) whenever the driver asks (:meth:`save`) and at the end; the link goes ``live``.
+   retried) whenever the driver asks (:meth:`save`) and at the end; the link goes ``live``
+   once caught up with every message it was offered settled (a `rev` answered ``Incomplete``
+   or ``Deferred`` moves it to ``repairing`` at once, and only a later round that settles
+   everything makes it ``live`` again).
 
 Time is the driver's: it calls :meth:`save` on its own cadence, watches for a stall with the
 progress callback, and :meth:`stop` ends a continuous round gracefully.
@@ -161,7 +164,8 @@ class SyncRound:
         self.finishing = True
         yield FlushCommits()
         yield from self.save()
-        yield Transition(self.key, LinkState.LIVE, "caught_up", only_from=() if self.stopped else CAUGHT_UP_FROM)
+        if not self.stopped and (yield from self._settled()):
+            yield Transition(self.key, LinkState.LIVE, "caught_up", only_from=CAUGHT_UP_FROM)
         yield RecordSuccess(self.key)
 
     def _open(self) -> Effects:
@@ -224,10 +228,25 @@ class SyncRound:
                 continue
             yield FlushCommits()
             if self.continuous and not self.stopped:
-                yield Transition(self.key, LinkState.LIVE, "caught_up", only_from=CAUGHT_UP_FROM)
+                if (yield from self._settled()):
+                    yield Transition(self.key, LinkState.LIVE, "caught_up", only_from=CAUGHT_UP_FROM)
                 yield RecordSuccess(self.key)  # healthy again: the next backoff starts short
                 yield from self.proto.until_closed_or(lambda: self.stopped)
             return
+
+    def _settled(self) -> Effects:
+        """Whether the link may be ``live``: no `rev` of this round was answered with a result
+        that leaves it unapplied (the sink or source then moved the link to ``repairing``), and
+        neither checkpoint holds a token received and not applied. A link that reported
+        ``live`` with a message it could not apply would hide it for good: nothing re-offers
+        it before the next round (issue #13)."""
+        if (self.sink is not None and self.sink.unsettled) or (self.source is not None and self.source.unsettled):
+            return False
+        for direction in (Direction.PULL, Direction.PUSH):
+            checkpoint, _ = yield ReadCheckpoint(self.key, direction)
+            if checkpoint.unapplied_tokens:
+                return False
+        return True
 
     # -- push -----------------------------------------------------------------------------------
 

@@ -23,6 +23,7 @@ from p2psync.dwn.datacid import data_cid
 from p2psync.dwn.errors import DwnError
 from p2psync.dwn.progress import ProgressToken
 from p2psync.dwn.replication_types import Deferred, DependencyRef, ReplicationApplyResult
+from p2psync.replication.checkpoint import LinkState
 from p2psync.replication.closure import (
     ApplyRequest,
     ClosureAdmitter,
@@ -40,6 +41,7 @@ from p2psync.replication.effects import (
     Signal,
     Slots,
     StoreRequest,
+    Transition,
 )
 from p2psync.replication.observer import SyncObserver
 from p2psync.replication.stats import SyncStats
@@ -57,12 +59,16 @@ from p2psync.replication.wire import (
     refuse,
 )
 
-__all__ = ["SETTLING_KINDS", "Sink", "SinkHost", "check_data"]
+__all__ = ["SETTLING_KINDS", "UNSETTLED_FROM", "Sink", "SinkHost", "check_data", "unsettled_transition"]
 
 log = logging.getLogger("p2psync.peer")
 
 #: Results that settle a token (§11's table).
 SETTLING_KINDS: Final = frozenset({"Applied", "Duplicate", "Superseded", "Invalid"})
+#: Link states a `rev` answered with a result that does not settle (``Incomplete``,
+#: ``Deferred``) moves to ``repairing`` from: a link is not ``live`` while a message it was
+#: offered did not apply (§11; a paused link stays paused).
+UNSETTLED_FROM: Final = (LinkState.INITIAL, LinkState.LIVE, LinkState.DEGRADED_POLL)
 
 #: Out-of-line data a sink fetches ahead of its turn, while earlier `rev`s apply. Without it,
 #: each large record's transfer waited for the previous one's apply (one 128 KB BLIP window
@@ -117,6 +123,9 @@ class Sink:
         self.stats = SyncStats()
         self.caught_up = False
         self.failed: PeerError | None = None
+        #: `rev`s this feed applied with a result that did not settle them (``Incomplete``,
+        #: ``Deferred``): their tokens stay unapplied, and the link is not ``live``
+        self.unsettled = 0
         #: fired on every change of the window (listing, outcome, failure)
         self.changed = host.signal()
         #: called on every change too (progress reports, the stall watchdog)
@@ -425,6 +434,10 @@ class Sink:
             result, _, ticket = yield from self.admit(entry)
             self._count(result.kind)
             settled = result.kind in SETTLING_KINDS
+            if not settled:
+                self.unsettled += 1
+                if self.key is not None:
+                    self.host.store_later(unsettled_transition(self.key, self.direction, result.kind))
             if result.kind == "Applied":
                 self.stats.revs_applied += 1
             if settled:
@@ -450,6 +463,15 @@ class Sink:
         self.window.finish(item, settled=properties.get("error") == "404")
         self._settle_later()
         self._notify()
+
+
+def unsettled_transition(key: Any, direction: Any, kind: str) -> Transition:
+    """The link ``key`` to ``repairing``: a `rev` of ``direction`` was answered ``kind``, a
+    result that leaves its token unapplied. Made before the token is recorded, so the link is
+    never ``live`` with it unapplied; the round that next catches up with everything settled
+    makes it ``live`` again (:class:`~p2psync.replication.round.SyncRound`)."""
+    return Transition(key, LinkState.REPAIRING, "unsettled", direction=direction, error_code=kind,
+                      only_from=UNSETTLED_FROM)
 
 
 def durable(ticket: Any) -> Effects:

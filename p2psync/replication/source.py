@@ -35,7 +35,7 @@ from p2psync.replication.effects import (
     WaitForLog,
 )
 from p2psync.replication.scope import SyncScope
-from p2psync.replication.sink import SETTLING_KINDS
+from p2psync.replication.sink import SETTLING_KINDS, unsettled_transition
 from p2psync.replication.stats import SyncStats
 from p2psync.replication.window import ProgressWindow
 from p2psync.replication.wire import INLINE_DATA_MAX, PeerError, decode_body, encode_body
@@ -154,6 +154,9 @@ class Source:
         self.stopping = False
         #: a failure of a `rev`'s ledger step: ends the run at its next pass
         self.failure: PeerError | None = None
+        #: push only: `rev`s the sink answered with a result that did not settle them
+        #: (``Incomplete``, ``Deferred``): their tokens stay unapplied, the link is not ``live``
+        self.unsettled = 0
 
     @property
     def pushing(self) -> bool:
@@ -306,6 +309,9 @@ class Source:
             kind = kind if isinstance(kind, str) else "Unknown"
             self.stats.results[kind] = self.stats.results.get(kind, 0) + 1
             settled = kind in SETTLING_KINDS
+            if not settled and self.push_key is not None:
+                self.unsettled += 1
+                yield unsettled_transition(self.push_key, self.direction, kind)
             if kind == "Applied":
                 self.stats.revs_applied += 1
             if settled:
