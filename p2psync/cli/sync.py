@@ -432,13 +432,18 @@ def status_lines(report: dict[str, Any]) -> list[str]:
         for direction in ("pull", "push"):
             cp = link[direction]
             at = link["frontier"][direction]
-            if at is None:
+            if "receivedToken" not in cp:
                 lines.append(f"  {direction}: nothing applied yet")
                 continue
             received = int(cp["receivedToken"]["position"])
             pending = len(cp.get("pendingTokens", []))
-            lines.append(f"  {direction}: applied through position {at} (received {received}"
-                         + (f", {pending} pending" if pending else "") + ")")
+            # Received and not applied: a message this node could not apply (or the peer, for
+            # push) holds the link out of `live` until a round settles it.
+            unapplied = len(cp.get("unappliedTokens", []))
+            applied = "nothing applied yet" if at is None else f"applied through position {at}"
+            lines.append(f"  {direction}: {applied} (received {received}"
+                         + (f", {pending} pending" if pending else "")
+                         + (f", {unapplied} not applied" if unapplied else "") + ")")
     if report["copies"]:
         lines.append("checkpoints kept for peers that sync with this node:")
     for copy in report["copies"]:

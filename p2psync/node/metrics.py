@@ -127,7 +127,8 @@ class NodeMetrics:
 
     def _on_ledger_event(self, event: LedgerEvent) -> None:
         # A repair is a link entering `repairing` (a progress gap, a new epoch, a pending-token
-        # overflow, a closure hard-fail): the RFC's gap -> repair -> live cycle.
+        # overflow, a closure hard-fail, a message answered Incomplete or Deferred): the RFC's
+        # gap -> repair -> live cycle.
         if not isinstance(event, LinkTransition):
             return
         if event.kind == "state" and event.state_to == LinkState.REPAIRING:
@@ -145,7 +146,8 @@ class NodeMetrics:
     def families(self) -> Iterator[Metric]:
         """Every metric family, read now."""
         yield from self._link_families()
-        repairs = CounterMetricFamily("sync_gap_repairs", "Links that entered repairing (gap, epoch, overflow).")
+        repairs = CounterMetricFamily("sync_gap_repairs",
+                                      "Links that entered repairing (gap, epoch, overflow, a message not applied).")
         repairs.add_metric([], self.gap_repairs)
         yield repairs
         rewinds = CounterMetricFamily("sync_checkpoint_rewinds",
@@ -200,6 +202,11 @@ class NodeMetrics:
             for direction in ("pull", "push")
             for part in ("received", "contiguous")
         }
+        unapplied = GaugeMetricFamily(
+            "sync_link_unapplied",
+            "Messages received and not applied (a `rev` answered Incomplete or Deferred, or failed), by direction.",
+            labels=[*_LINK_LABELS, "direction"],
+        )
         for link in self.ledger.links():
             labels = [link.key.tenant, link.key.remote, scope_label(link.scope)]
             for each in LinkState:
@@ -207,12 +214,14 @@ class NodeMetrics:
             failures.add_metric(labels, link.failure_count)
             for direction in (Direction.PULL, Direction.PUSH):
                 checkpoint, _ = self.ledger.get_checkpoint(link.key, direction)
+                unapplied.add_metric([*labels, str(direction)], len(checkpoint.unapplied_tokens))
                 received, contiguous = checkpoint.received_token, checkpoint.contiguous_applied_token
                 positions[(str(direction), "received")].add_metric(labels, 0 if received is None else received.position)
                 positions[(str(direction), "contiguous")].add_metric(
                     labels, 0 if contiguous is None else contiguous.position)
         yield state
         yield failures
+        yield unapplied
         yield from positions.values()
 
 
