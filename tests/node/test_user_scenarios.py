@@ -39,6 +39,7 @@ from p2psync.node.config import NodeConfig, StaticPeer
 from p2psync.node.node import Node
 from p2psync.replication.checkpoint import Direction, DirectionCheckpoint, LinkState
 from p2psync.state.digest import store_digest
+from p2psync.state.ledger import Link
 from tests.node.support import free_port
 from tests.replication.support import Clock, seeded
 
@@ -201,14 +202,23 @@ class Fleet:
         its pull checkpoint has received through the head of the served device's log, its push
         checkpoint through the head of its own (every listed message answered and the answer
         committed), and it has left ``initial``. Fails with what each link shows when that
-        never happens."""
+        never happens, or when a link then reports ``live`` with a message it could not apply."""
         pairs = self.links()
         assert pairs, "no two running devices are linked"
         with trio.move_on_after(SETTLE_DEADLINE):
             while not all(caught_up(dialer, served) for dialer, served in pairs):
                 await trio.sleep(0.05)
+            self.honest(pairs)
             return
         raise AssertionError("the links never caught up:\n" + "\n".join(describe_link(d, s) for d, s in pairs))
+
+    @staticmethod
+    def honest(pairs: list[tuple[Device, Device]]) -> None:
+        """No link reports ``live`` while a message it was offered did not apply (issue #13)."""
+        dishonest = [describe_link(d, s) for d, s in pairs
+                     if (view := link_view(d, s)) is not None and view[0] == LinkState.LIVE and (view[1] or view[2])]
+        if dishonest:
+            raise AssertionError("links report live with messages they could not apply:\n" + "\n".join(dishonest))
 
     # -- the verdict ------------------------------------------------------------------------------
 
@@ -251,18 +261,13 @@ class Fleet:
         return [f"{self.label_of(r['latest'])}" for r in records]
 
     async def healed(self) -> None:
-        """Until every link is ``live`` with nothing left unapplied in either direction. A
-        link that reports ``live`` with messages it could not apply is the failure named
-        first (issue #13: no link reports ``live`` while a message it was offered never
-        applies)."""
+        """Until every link is ``live`` with nothing left unapplied in either direction (and
+        never ``live`` with something unapplied meanwhile)."""
         pairs = self.links()
         with trio.move_on_after(SETTLE_DEADLINE):
             while True:
-                views = [link_view(d, s) for d, s in pairs]
-                dishonest = [describe_link(d, s) for (d, s), v in zip(pairs, views, strict=True)
-                             if v is not None and v[0] == LinkState.LIVE and (v[1] or v[2])]
-                assert not dishonest, "links report live with messages they could not apply:\n" + "\n".join(dishonest)
-                if all(v is not None and v == (LinkState.LIVE, 0, 0) for v in views):
+                self.honest(pairs)
+                if all(link_view(d, s) == (LinkState.LIVE, 0, 0) for d, s in pairs):
                     return
                 await trio.sleep(0.05)
         raise AssertionError("the links never healed:\n" + "\n".join(describe_link(d, s) for d, s in pairs))
@@ -289,13 +294,13 @@ def head(store: Store) -> int | None:
     return entries[-1][0] if entries else None
 
 
-def _link(dialer: Device, served: Device) -> Any:
+def _link(dialer: Device, served: Device) -> Link | None:
     assert dialer.node is not None
     remote = f"{TENANT}?storeId={served.store_id}"
     return next((lk for lk in dialer.node.peer.ledger.links(TENANT) if lk.key.remote == remote), None)
 
 
-def _checkpoints(dialer: Device, link: Any) -> tuple[DirectionCheckpoint, DirectionCheckpoint]:
+def _checkpoints(dialer: Device, link: Link) -> tuple[DirectionCheckpoint, DirectionCheckpoint]:
     assert dialer.node is not None
     ledger = dialer.node.peer.ledger
     return ledger.get_checkpoint(link.key, Direction.PULL)[0], ledger.get_checkpoint(link.key, Direction.PUSH)[0]
