@@ -464,8 +464,9 @@ async def test_a_line_through_a_hub_that_was_down(tmp_path: Path, first: str) ->
 
 # --------------------------------------------------------------------------- controls
 #
-# The same moves with edits that do not conflict: these converge today, so a failure of the
-# scenarios above is the engine's order-dependence, not this harness.
+# The same moves with edits that do not conflict: these converged before replicated apply
+# reached the canonical state too (the scenarios above did not), so a failure of the scenarios
+# points at replicated apply or the links, not at this harness.
 
 
 async def test_control_two_devices_apart_with_edits_that_do_not_conflict(tmp_path: Path) -> None:
