@@ -161,9 +161,10 @@ def archived_data(store: Store, tenant: str, cid: str) -> tuple[bool, bytes | No
     tid = store.tenant_id(tenant, create=False)
     if tid is None:
         return False, None
-    row = store.conn.execute(
-        "SELECT data FROM archive WHERE tenant=? AND (cid=? OR stored_cid=?)", (tid, cid, cid)
-    ).fetchone()
+    # Two lookups, each by its index (an OR of the two columns would scan the archive).
+    row = store.conn.execute("SELECT data FROM archive WHERE tenant=? AND cid=?", (tid, cid)).fetchone()
+    if row is None:
+        row = store.conn.execute("SELECT data FROM archive WHERE tenant=? AND stored_cid=?", (tid, cid)).fetchone()
     return (False, None) if row is None else (True, _opt_bytes(row[0]))
 
 
@@ -245,10 +246,7 @@ class History:
         tid = self.store.tenant_id(tenant, create=False)
         if tid is None:
             return False
-        row = self.store.conn.execute(
-            "SELECT 1 FROM archive WHERE tenant=? AND (cid=? OR stored_cid=?)", (tid, cid, cid)
-        ).fetchone()
-        return row is not None
+        return archived_data(self.store, tenant, cid)[0]
 
     def archived_data(self, tenant: str, cid: str) -> tuple[bool, bytes | None]:
         """(archived, its data) for ``cid``."""

@@ -261,6 +261,8 @@ def main() -> None:
             f"source log order, closure loop: {len(report.outcomes) / log_s:,.0f} msgs admitted/s"
             f" ({len(report.outcomes)} log entries, {log_s:.1f} s); passes: {distribution(report.passes)}"
         )
+        print(f"  canonical placement: {in_order.history.warps} warps, {in_order.history.replayed} messages"
+              f" processed again in them; the source, processing in authored order: {source.history.warps} warps")
         print(f"  replica == source: {snapshot(in_order.store, tenant) == snapshot(source.store, tenant)}")
         if not same:
             raise SystemExit(1)
