@@ -39,6 +39,7 @@ canonical one.
 from __future__ import annotations
 
 import enum
+import heapq
 import json
 import logging
 from collections.abc import Callable, Iterable
@@ -415,6 +416,7 @@ class History:
     ) -> None:
         body = {k: v for k, v in message.items() if k != "encodedData"}
         tid = self.store._tid(tenant)
+        footprint = self._footprint(tid, message)
         if _record_id(message) is None:
             self._role_paths.clear()  # a protocol definition: its role paths may differ
         self.store.conn.execute(
@@ -430,9 +432,19 @@ class History:
                 json_compact(body),
                 data,
                 int(accepted),
-                self._footprint(tid, message).text(),
+                footprint.text(),
                 undo,
             ),
+        )
+        self._index(tid, self.store.conn.last_insert_rowid(), key, footprint)
+
+    def _index(self, tid: int, row_id: int, key: str, footprint: Footprint) -> None:
+        """(Re)write the footprint keys of archive row ``row_id``."""
+        conn = self.store.conn
+        conn.execute("DELETE FROM archive_keys WHERE row=?", (row_id,))
+        conn.executemany(
+            "INSERT INTO archive_keys(tenant, key, sort_key, row, writes) VALUES(?,?,?,?,?)",
+            [(tid, k, key, row_id, int(k in footprint.writes)) for k in footprint.reads],
         )
 
     def _footprint(self, tid: int, message: Message) -> Footprint:
@@ -577,10 +589,7 @@ class History:
         store, conn = self.store, self.store.conn
         tid = store._tid(tenant)
         touched = set() if touched is None else touched
-        meta = conn.execute(
-            "SELECT id, touch FROM archive WHERE tenant=? AND sort_key>=? ORDER BY sort_key", (tid, start)
-        ).fetchall()
-        affected = _affected(meta, scope)
+        affected = self._affected(tid, start, scope)
         # 1. back: the inverse of each affected message's changes, newest first (the others
         #    touched other rows, and stay as they are)
         for row_id in reversed(affected):
@@ -605,17 +614,74 @@ class History:
                     if undo:  # a refusal changes nothing; should it have, undo it now
                         apsw.Changeset.apply(undo, conn)
                     conn.execute("DELETE FROM archive WHERE id=?", (row.id,))
+                    conn.execute("DELETE FROM archive_keys WHERE row=?", (row.id,))
                     continue
+                footprint = self._footprint(tid, message)
                 conn.execute(
                     "UPDATE archive SET accepted=?, touch=?, undo=? WHERE id=?",
-                    (int(reply.code in (202, 204)), self._footprint(tid, message).text(), undo, row.id),
+                    (int(reply.code in (202, 204)), footprint.text(), undo, row.id),
                 )
+                self._index(tid, row.id, row.key, footprint)
         finally:
             store.events.frozen = False
         self._reconcile_log(tenant, tid, touched)
         self.warps += 1
         self.replayed += processed
         return processed
+
+    def _affected(self, tid: int, start: str, scope: Footprint) -> list[int]:
+        """The archive rows from ``start`` on a warp must process again, in canonical order.
+
+        A row is taken if it reads or changes what an earlier taken row (or ``scope``)
+        changes, or changes what one reads; a row that touches everything is taken with every
+        row after it. Found through ``archive_keys``: each key is looked up once, from the
+        earliest row that brought it in, and candidates are taken in canonical order.
+        """
+        conn = self.store.conn
+        if "*" in scope.writes:
+            return [int(r) for (r,) in conn.execute(
+                "SELECT id FROM archive WHERE tenant=? AND sort_key>=? ORDER BY sort_key", (tid, start))]
+        heap: list[tuple[str, int]] = []
+        looked: dict[tuple[str, bool], str] = {}  # (key, any role) -> from which sort key it was looked up
+
+        def look(key: str, after: str, writers_only: bool) -> None:
+            # `writers_only`: a key read earlier meets only the rows that change it; a key
+            # changed earlier meets every row that reads or changes it.
+            mark = (key, writers_only)
+            if mark in looked and looked[mark] <= after:
+                return
+            looked[mark] = after
+            sql = "SELECT sort_key, row FROM archive_keys WHERE tenant=? AND key=? AND sort_key>=?"
+            for sort_key, row in conn.execute(sql + (" AND writes=1" if writers_only else ""), (tid, key, after)):
+                heapq.heappush(heap, (str(sort_key), int(row)))
+
+        for key in scope.writes:
+            look(key, start, False)
+        for key in scope.reads - scope.writes:
+            look(key, start, True)
+        look("*", start, True)  # a row that touches everything is always taken
+        taken: list[int] = []
+        seen: set[int] = set()
+        while heap:
+            sort_key, row_id = heapq.heappop(heap)
+            if row_id in seen:
+                continue
+            seen.add(row_id)
+            found = conn.execute("SELECT touch FROM archive WHERE id=?", (row_id,)).fetchone()
+            if found is None:  # pragma: no cover - keys outlived their row (a store edited by hand)
+                continue
+            taken.append(row_id)
+            footprint = Footprint.parse(str(found[0]))
+            if "*" in footprint.writes:
+                later = conn.execute(
+                    "SELECT id FROM archive WHERE tenant=? AND sort_key>? ORDER BY sort_key", (tid, sort_key)
+                )
+                return taken + [int(r) for (r,) in later if int(r) not in seen]
+            for key in footprint.writes:
+                look(key, sort_key, False)
+            for key in footprint.reads - footprint.writes:
+                look(key, sort_key, True)
+        return taken
 
     def _row(self, row_id: int) -> _Row:
         r = self.store.conn.execute(f"SELECT {_ROW_COLUMNS} FROM archive WHERE id=?", (row_id,)).fetchone()
@@ -675,30 +741,6 @@ def _adopted_data(store: Store, tenant: str, message: Message, inline: str | Non
     if inline is not None:
         return b64url_decode(inline)
     return store.data.get(tenant, message["recordId"], d["dataCid"])
-
-
-def _affected(meta: list[Any], scope: Footprint) -> list[int]:
-    """The archive rows (id, footprint) a warp must process again, in canonical order."""
-    if "*" in scope.writes:
-        return [int(row_id) for row_id, _ in meta]
-    reads, writes = set(scope.reads), set(scope.writes)
-    out: list[int] = []
-    for row_id, text in meta:
-        fp = Footprint.parse(str(text))
-        if "*" in fp.writes:
-            return _from(meta, row_id, out)
-        if not writes.isdisjoint(fp.reads) or not reads.isdisjoint(fp.writes):
-            out.append(int(row_id))
-            reads |= fp.reads
-            writes |= fp.writes
-    return out
-
-
-def _from(meta: list[Any], first: Any, taken: list[int]) -> list[int]:
-    """``taken``, then every row from ``first`` on (a message that touches everything, and
-    with it everything after it, is processed again)."""
-    ids = [int(row_id) for row_id, _ in meta]
-    return taken + ids[ids.index(int(first)) :]
 
 
 def _payload(signature: Any) -> dict[str, Any]:

@@ -141,6 +141,17 @@ _MIGRATIONS: dict[int, str] = {
     CREATE UNIQUE INDEX archive_cid ON archive(tenant, cid);
     CREATE INDEX archive_stored ON archive(tenant, stored_cid);
     CREATE INDEX archive_record ON archive(tenant, record_id, sort_key);
+    -- each archived message's footprint keys, so a warp finds the later messages it affects
+    -- without reading every later footprint
+    CREATE TABLE archive_keys(
+        tenant INTEGER NOT NULL,
+        key TEXT NOT NULL,
+        sort_key TEXT NOT NULL,
+        row INTEGER NOT NULL,
+        writes INTEGER NOT NULL      -- 1: the message changes what the key names; 0: reads it
+    );
+    CREATE INDEX archive_keys_key ON archive_keys(tenant, key, sort_key);
+    CREATE INDEX archive_keys_row ON archive_keys(row);
     """,
 }
 
