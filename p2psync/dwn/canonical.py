@@ -455,10 +455,14 @@ class History:
         the later message's effect otherwise); any other keeps its effects, which touch other
         rows. The keys:
 
-        - ``rec:<id>`` — the messages of a record. A Records message changes its own record
-          (a pruning delete also removes the records below, which all read it) and reads its
-          record and every ancestor of its context (a child's validity reads its parent's
-          state; ``$actions`` rules read ancestors' authors and recipients).
+        - ``rec:<id>`` — the messages of a record: each of them reads and changes it.
+        - ``live:<id>`` — whether a record exists and is live: its initial write and its
+          deletes change it (a pruning delete also removes the records below, which all read
+          it), and so does an update when the initial write is here without its data. A
+          Records message reads it for its own record and every ancestor of its context (a
+          child's validity reads whether its parent is live; ``$actions`` rules read
+          ancestors' initial writes, which never change). An update of a parent changes
+          neither, so the parent's later children are not processed again for it.
         - ``proto:<uri>`` — a protocol's definition: a configure changes it, its records read it.
         - ``role:<uri>:<did>`` — a protocol's role records for one recipient: a record with a
           recipient at a path some definition of the protocol makes a ``$role`` changes them
@@ -497,7 +501,9 @@ class History:
         if record_id is None:
             return EVERYTHING
         writes = {f"rec:{record_id}"}
-        reads.add(f"rec:{record_id}")
+        reads.update((f"rec:{record_id}", f"live:{record_id}"))
+        if self._may_change_liveness(tid, message, record_id):
+            writes.add(f"live:{record_id}")
         # A delete carries neither context nor protocol nor recipient: its record's initial
         # write does (a delete is only admitted once that is here).
         record = message if d.get("method") == "Write" else self._archived_initial(tid, record_id)
@@ -505,10 +511,10 @@ class History:
             rd = record["descriptor"]
             context = record.get("contextId")
             if isinstance(context, str):
-                reads.update(f"rec:{part}" for part in context.split("/") if part)
+                reads.update(f"live:{part}" for part in context.split("/") if part)
             parent = rd.get("parentId")
             if isinstance(parent, str):
-                reads.add(f"rec:{parent}")
+                reads.add(f"live:{parent}")
             protocol = rd.get("protocol")
             if isinstance(protocol, str):
                 reads.add(f"proto:{protocol}")
@@ -523,6 +529,18 @@ class History:
         elif payload.get("protocolRole") is not None:
             return EVERYTHING
         return Footprint(frozenset(reads | writes), frozenset(writes))
+
+    def _may_change_liveness(self, tid: int, message: Message, record_id: str) -> bool:
+        """Whether the message may change whether its record exists and is live: an initial
+        write, a delete — or an update of a record whose initial write is here without its data
+        (the update makes the record live, and the initial write live before it)."""
+        d = message["descriptor"]
+        if d.get("method") != "Write" or is_initial_write(message):
+            return True
+        row = self.store.conn.execute(
+            "SELECT data IS NULL FROM archive WHERE tenant=? AND record_id=? AND initial=1", (tid, record_id)
+        ).fetchone()
+        return row is None or bool(row[0])
 
     def _may_be_role(self, tid: int, protocol: str, path: Any) -> bool:
         """Whether ``path`` is a ``$role`` in any definition of ``protocol`` admitted here (or
