@@ -39,6 +39,7 @@ from p2psync.dwn.store import Store  # noqa: E402
 from p2psync.dwn.timeutil import add_seconds  # noqa: E402
 from p2psync.replication.closure import ClosureAdmitter, ClosureOutcome, ReplicationEntry  # noqa: E402
 from p2psync.state.local import LocalApplier, LocalStoreFetcher, reconcile  # noqa: E402
+from tests.bench.bench_engine import verify_rate  # noqa: E402
 from tests.replication.support import CHAT, CHAT_DEFINITION, Clock, seeded, snapshot  # noqa: E402
 
 Message = dict[str, Any]
@@ -209,6 +210,8 @@ def main() -> None:
     parser.add_argument("--protocols", type=int, default=50, help="protocols the records are spread over")
     args = parser.parse_args()
 
+    verifies = verify_rate()
+    print(f"yardstick: Ed25519 verify {verifies:,.0f}/s on one core now (V); rates below also as a fraction of V")
     t0 = time.perf_counter()
     tenant, entries = author(args.messages, args.seed, args.protocols)
     print(f"authored {len(entries)} messages over {args.protocols} protocols in {time.perf_counter() - t0:.1f} s")
@@ -221,7 +224,9 @@ def main() -> None:
             if reply.code not in (202, 204):
                 refused[reply.detail.split(":")[0]] += 1
         ingest = time.perf_counter() - t0
-        print(f"source, in order: {len(entries) / ingest:,.0f} msgs/s ({ingest:.1f} s); refused: {dict(refused)}")
+        rate = len(entries) / ingest
+        print(f"source, in order: {rate:,.0f} msgs/s = {rate / verifies:.3f} V ({ingest:.1f} s);"
+              f" refused: {dict(refused)}")
 
         shuffled = list(entries)
         random.Random(args.seed).shuffle(shuffled)
@@ -234,7 +239,8 @@ def main() -> None:
         final = {o.root_cid: o for o in outcomes}
         statuses = Counter(o.status for o in final.values())
         applies = sum(len(o.admitted) for o in first)
-        print(f"shuffled, closure loop: {len(shuffled) / shuffled_s:,.0f} msgs admitted/s ({shuffled_s:.1f} s)")
+        rate = len(shuffled) / shuffled_s
+        print(f"shuffled, closure loop: {rate:,.0f} msgs admitted/s = {rate / verifies:.3f} V ({shuffled_s:.1f} s)")
         print(f"  outcomes (after one retry of the deferred): {dict(statuses)}")
         print(f"  passes per closure: {distribution([o.passes for o in first])}")
         print(f"  fetch requests per closure: {distribution([o.fetch_requests for o in first])}")
@@ -259,6 +265,7 @@ def main() -> None:
         log_s = time.perf_counter() - t0
         print(
             f"source log order, closure loop: {len(report.outcomes) / log_s:,.0f} msgs admitted/s"
+            f" = {len(report.outcomes) / log_s / verifies:.3f} V"
             f" ({len(report.outcomes)} log entries, {log_s:.1f} s); passes: {distribution(report.passes)}"
         )
         print(f"  canonical placement: {in_order.history.warps} warps, {in_order.history.replayed} messages"
