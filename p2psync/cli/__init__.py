@@ -28,6 +28,7 @@ from p2psync.cli.local import (
     cmd_query,
     cmd_read,
     cmd_store_digest,
+    cmd_store_verify,
     cmd_whoami,
     cmd_write,
 )
@@ -168,6 +169,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("digest", cmd_store_digest, "print {tenant: {messages, digest}}: compare replicas", store)
     sp.add_argument("--store")
     sp.add_argument("--tenant", help="only this tenant")
+    sp = add("verify", cmd_store_verify, "check that the state is the canonical state of the archive", store)
+    sp.add_argument("--store")
+    sp.add_argument("--tenant", help="only this tenant")
+    sp.add_argument("--json", action="store_true")
 
     dwn = sub.add_parser("dwn", help="engine tools").add_subparsers(dest="sub", required=True)
     sp = add("pipe", cmd_dwn_pipe, "JSON-lines interop pipe over stdin/stdout (protocol/interop-pipe.md)", dwn)

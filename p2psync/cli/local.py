@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from p2psync.cli.common import (
+    EXIT_FAILED,
     EXIT_OK,
     CliError,
     check_reply,
@@ -21,13 +22,17 @@ from p2psync.cli.common import (
 from p2psync.cli.home import HomeError
 from p2psync.dwn.did import Identity
 from p2psync.dwn.encoding import message_cid
+from p2psync.dwn.engine import Dwn
 from p2psync.dwn.protocols import ProtocolsConfigure
 from p2psync.dwn.records import ALL_RECORDS_FILTER, create_records_query, create_records_read
 from p2psync.dwn.records_write import RecordsWrite
 from p2psync.dwn.store import Store
 from p2psync.state.digest import store_digest
 
-__all__ = ["cmd_init", "cmd_protocol_install", "cmd_query", "cmd_read", "cmd_store_digest", "cmd_whoami", "cmd_write"]
+__all__ = [
+    "cmd_init", "cmd_protocol_install", "cmd_query", "cmd_read", "cmd_store_digest", "cmd_store_verify", "cmd_whoami",
+    "cmd_write",
+]
 
 
 def _read_data(args: argparse.Namespace) -> bytes:
@@ -160,6 +165,28 @@ def cmd_query(args: argparse.Namespace) -> int:
             print(f"{r['recordId']}  {r['dataSize']:>9} B  {r['dataFormat']:<28} {r['protocolPath'] or '-'}")
         print(f"{len(rows)} record(s)")
     return EXIT_OK
+
+
+def cmd_store_verify(args: argparse.Namespace) -> int:
+    """Check that the state is the canonical state of the archive (docs/replication-apply.md)."""
+    store = open_store(args, must_exist=True)
+    try:
+        dwn = Dwn(store)
+        tenants = [args.tenant] if args.tenant else store.tenants()
+        report = {tenant: dwn.history.verify(tenant) for tenant in tenants}
+    finally:
+        store.close()
+    bad = {t: r for t, r in report.items() if any(r.values())}
+    if args.json:
+        print_json(report)
+    else:
+        for tenant, r in report.items():
+            if not any(r.values()):
+                print(f"{tenant}: the state is the canonical state of its archive")
+            else:
+                print(f"{tenant}: differs from a replay of its archive: " + ", ".join(
+                    f"{len(v)} {k}" for k, v in r.items() if v))
+    return EXIT_OK if not bad else EXIT_FAILED
 
 
 def cmd_store_digest(args: argparse.Namespace) -> int:

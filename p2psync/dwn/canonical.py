@@ -336,6 +336,43 @@ class History:
         with self.store.transaction():
             return self._warp(tenant, "", None, None)
 
+    def verify(self, tenant: str) -> dict[str, list[str]]:
+        """Process the whole archive again from nothing, compare with the state, roll back.
+
+        Returns the stored CIDs the replay would add (``missing``), remove (``extra``) or
+        store differently (``changed``), and data rows it would add or drop (``data``): all
+        empty when the state is the canonical state of the archive.
+        """
+        before = _state_rows(self.store, tenant)
+        after: dict[str, dict[str, Any]] = {}
+        tid, conn = self.store._tid(tenant), self.store.conn
+        try:
+            with self.store.transaction():
+                # From nothing, not by undoing: a state edited behind the engine's back would
+                # not take its undo records.
+                conn.execute("DELETE FROM messages WHERE tenant=?", (tid,))
+                conn.execute("DELETE FROM data WHERE tenant=?", (tid,))
+                self.store.events.frozen = True
+                try:
+                    for (row_id,) in conn.execute(
+                        "SELECT id FROM archive WHERE tenant=? ORDER BY sort_key", (tid,)
+                    ).fetchall():
+                        row = self._row(_int(row_id))
+                        withheld = row.initial and row.data is None and self._has_later(tid, row)
+                        self._process(tenant, json.loads(row.body), row.data, withheld)
+                finally:
+                    self.store.events.frozen = False
+                after.update(_state_rows(self.store, tenant))
+                raise _RollBack
+        except _RollBack:
+            pass
+        missing = sorted(set(after["messages"]) - set(before["messages"]))
+        extra = sorted(set(before["messages"]) - set(after["messages"]))
+        changed = sorted(c for c in set(before["messages"]) & set(after["messages"])
+                         if before["messages"][c] != after["messages"][c])
+        data = sorted(set(before["data"]) ^ set(after["data"]))
+        return {"missing": missing, "extra": extra, "changed": changed, "data": data}
+
     def adopt(self, tenant: str) -> int:
         """Archive the messages a store made before the archive existed (schema v1), then
         rebuild its state from them in canonical order. Returns how many were archived."""
@@ -742,6 +779,24 @@ class History:
 
 def _int(value: Any) -> int:
     return int(value)
+
+
+def _state_rows(store: Store, tenant: str) -> dict[str, dict[str, Any]]:
+    """A tenant's state in comparable form: stored CID -> (body, indexes); data key -> size."""
+    tid = store.tenant_id(tenant, create=False)
+    if tid is None:
+        return {"messages": {}, "data": {}}
+    messages = {
+        str(cid): (body, indexes)
+        for cid, body, indexes in store.conn.execute("SELECT cid, body, indexes FROM messages WHERE tenant=?", (tid,))
+    }
+    data = {
+        f"{record_id} {data_cid}": size
+        for record_id, data_cid, size in store.conn.execute(
+            "SELECT record_id, data_cid, size FROM data WHERE tenant=?", (tid,)
+        )
+    }
+    return {"messages": messages, "data": data}
 
 
 def _opt_str(value: Any) -> str | None:

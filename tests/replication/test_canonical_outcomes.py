@@ -279,3 +279,30 @@ def test_a_store_from_before_the_archive_is_archived_and_rebuilt(tmp_path: Path)
     # processing the whole archive again changes nothing
     assert reopened.history.rebuild(w.tenant) == len(before.messages)
     assert snapshot(reopened.store, w.tenant) == before
+
+
+def test_verify_replays_the_archive_and_changes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`History.verify` (and `p2psync store verify`): the state of a store is the canonical
+    state of its archive; a store edited behind the engine's back is reported, not repaired."""
+    from p2psync.cli import main as p2psync
+
+    w = chat_world()
+    path = tmp_path / "store.db"
+    dwn = Dwn(Store(path))
+    process_all(dwn, w.tenant, w.ordered())
+    before = snapshot(dwn.store, w.tenant)
+    assert dwn.history.verify(w.tenant) == {"missing": [], "extra": [], "changed": [], "data": []}
+    assert snapshot(dwn.store, w.tenant) == before
+    dwn.close()
+    assert p2psync(["store", "verify", "--store", str(path)]) == 0
+    assert "the state is the canonical state of its archive" in capsys.readouterr().out
+
+    broken = Dwn(Store(path))
+    broken.store.messages.delete(w.tenant, w.steps["thread"].cid)  # behind the engine's back
+    after_edit = snapshot(broken.store, w.tenant)
+    report = broken.history.verify(w.tenant)
+    assert report["missing"] == [w.steps["thread"].cid] and not report["extra"]
+    assert snapshot(broken.store, w.tenant) == after_edit  # verify leaves the store as it was
+    broken.close()
+    assert p2psync(["store", "verify", "--store", str(path), "--json"]) == 1
+    assert w.steps["thread"].cid in capsys.readouterr().out
