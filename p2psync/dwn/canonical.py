@@ -235,7 +235,8 @@ class History:
     def __init__(self, store: Store, process: Process) -> None:
         self.store = store
         self._process = process
-        self._role_paths: dict[tuple[int, str], frozenset[str]] = {}  # (tenant, protocol) -> paths
+        # (tenant, protocol) -> (the archive's definitions when read, their role paths)
+        self._role_paths: dict[tuple[int, str], tuple[tuple[Any, ...], frozenset[str]]] = {}
         self.warps = 0  # warps done since this object was made (for tests and metrics)
         self.fallbacks = 0  # scoped warps that had to process everything after all
         self.replayed = 0  # messages processed again by them
@@ -454,8 +455,6 @@ class History:
         body = {k: v for k, v in message.items() if k != "encodedData"}
         tid = self.store._tid(tenant)
         footprint = self._footprint(tid, message)
-        if _record_id(message) is None:
-            self._role_paths.clear()  # a protocol definition: its role paths may differ
         self.store.conn.execute(
             "INSERT INTO archive(tenant, sort_key, cid, stored_cid, record_id, initial, body, data, accepted, touch,"
             " undo) VALUES(?,?,?,?,?,?,?,?,?,?,?)",
@@ -583,7 +582,13 @@ class History:
         """Whether ``path`` is a ``$role`` in any definition of ``protocol`` admitted here (or
         no definition is: then anything may be)."""
         key = (tid, protocol)
-        paths = self._role_paths.get(key)
+        # Another process (the CLI beside a running node) may have admitted a definition: the
+        # cache holds only while the archive's definitions are the ones it was read from.
+        seen = tuple(self.store.conn.execute(
+            "SELECT count(*), max(id) FROM archive WHERE tenant=? AND record_id IS NULL", (tid,)
+        ).fetchone() or ())
+        cached = self._role_paths.get(key)
+        paths = cached[1] if cached is not None and cached[0] == seen else None
         if paths is None:
             found: set[str] = set()
             definitions = 0
@@ -597,7 +602,8 @@ class History:
                         found.update(fetch_all_role_paths("", definition.get("structure") or {}, []))
                     except (DwnError, TypeError, AttributeError):
                         return True
-            paths = self._role_paths[key] = frozenset(found) if definitions else frozenset({"*"})
+            paths = frozenset(found) if definitions else frozenset({"*"})
+            self._role_paths[key] = (seen, paths)
         return "*" in paths or path in paths
 
     def _archived_initial(self, tid: int, record_id: str) -> Message | None:
