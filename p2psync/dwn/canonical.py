@@ -69,6 +69,7 @@ __all__ = [
     "Footprint",
     "Verdict",
     "is_stateful",
+    "signature_payload",
     "sort_key",
 ]
 
@@ -359,7 +360,7 @@ class History:
                         "SELECT id FROM archive WHERE tenant=? ORDER BY sort_key", (tid,)
                     ).fetchall():
                         row = self._row(_int(row_id))
-                        withheld = row.initial and row.data is None and self._has_later(tid, row)
+                        withheld = self._withheld(tid, row)
                         self._process(tenant, json.loads(row.body), row.data, withheld)
                 finally:
                     self.store.events.frozen = False
@@ -513,7 +514,7 @@ class History:
         if not isinstance(d, dict):
             return EVERYTHING
         reads: set[str] = set()
-        payload = _signature_payload(message)
+        payload = signature_payload(message)
         grants = [payload.get("permissionGrantId")]
         authorization = message.get("authorization")
         if isinstance(authorization, dict):
@@ -665,7 +666,7 @@ class History:
         try:
             for row in rows:
                 message = json.loads(row.body)
-                withheld = row.initial and row.data is None and self._has_later(tid, row)
+                withheld = self._withheld(tid, row)
                 reply, undo = self._recorded(tenant, message, row.data, withheld=withheld)
                 processed += 1
                 touched.add(row.stored_cid)
@@ -752,6 +753,11 @@ class History:
         return _Row(_int(row_id), str(key), str(cid), str(stored_cid), _opt_str(record_id), bool(initial), str(body),
                     _opt_bytes(data))
 
+    def _withheld(self, tid: int, row: _Row) -> bool:
+        """Whether the row, an initial write archived without data, is processed as its
+        record's state without data (a later message of the record is archived)."""
+        return row.initial and row.data is None and self._has_later(tid, row)
+
     def _has_later(self, tid: int, row: _Row) -> bool:
         return (
             self.store.conn.execute(
@@ -830,7 +836,8 @@ def _payload(signature: Any) -> dict[str, Any]:
     return payload if isinstance(payload, dict) else {}
 
 
-def _signature_payload(message: Message) -> dict[str, Any]:
+def signature_payload(message: Message) -> dict[str, Any]:
+    """The decoded payload of a message's signature ({} when it has none or it does not decode)."""
     authorization = message.get("authorization")
     return _payload(authorization.get("signature")) if isinstance(authorization, dict) else {}
 

@@ -39,13 +39,12 @@ import apsw
 
 from p2psync.dwn import permissions
 from p2psync.dwn.authentication import authenticate
-from p2psync.dwn.canonical import History, Placement, Verdict, archived_record, is_stateful
+from p2psync.dwn.canonical import History, Placement, Verdict, archived_record, is_stateful, signature_payload
 from p2psync.dwn.datacid import data_cid as compute_data_cid
 from p2psync.dwn.encoding import message_cid
 from p2psync.dwn.errors import DwnError
 from p2psync.dwn.generic_message import get_author, get_newest_message
 from p2psync.dwn.handlers.records import STAGE_ERRORS, parse_signed_records_message
-from p2psync.dwn.jws import decode_payload
 from p2psync.dwn.protocols import ProtocolsConfigure
 from p2psync.dwn.records_util import construct_prefix_filter_as_range_filter
 from p2psync.dwn.records_write import RecordsWrite, fetch_initial_records_write_message, is_initial_write
@@ -478,14 +477,14 @@ def _ancestor_refs(store: Store, tenant: str, message: Message, detail: str) -> 
 def _grant_refs(store: Store, tenant: str, message: Message) -> list[DependencyRef]:
     grant_id = _str(message["descriptor"].get("permissionGrantId"))
     if grant_id is None:
-        grant_id = _str(_signature_payload(message).get("permissionGrantId"))
+        grant_id = _str(signature_payload(message).get("permissionGrantId"))
     if grant_id is None or _record_state(store, tenant, grant_id) not in (_ABSENT, _INCOMPLETE):
         return []
     return [Grant(permission_grant_id=grant_id)]
 
 
 def _role_refs(store: Store, tenant: str, message: Message) -> list[DependencyRef]:
-    role = _str(_signature_payload(message).get("protocolRole"))
+    role = _str(signature_payload(message).get("protocolRole"))
     recipient = get_author(message)
     context_id, protocol = _record_context(store, tenant, message)
     flt = _filter(message["descriptor"])
@@ -562,16 +561,6 @@ def _is_records_delete(message: Any) -> bool:
         and d.get("method") == "Delete"
         and isinstance(d.get("recordId"), str)
     )
-
-
-def _signature_payload(message: Message) -> dict[str, Any]:
-    authorization = message.get("authorization")
-    if not isinstance(authorization, dict):
-        return {}
-    try:
-        return decode_payload(authorization["signature"])
-    except (DwnError, KeyError, TypeError):
-        return {}
 
 
 def _filter(descriptor: dict[str, Any]) -> dict[str, Any]:
