@@ -20,7 +20,7 @@ import apsw
 from p2psync.dwn.encoding import json_compact, message_cid
 from p2psync.dwn.errors import DwnError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # Checkpoint the WAL every ~40 MB rather than the default ~4 MB: each checkpoint syncs the
 # database file, and with a dozen pages per commit the default checkpoints every ~80 commits.
@@ -152,6 +152,45 @@ _MIGRATIONS: dict[int, str] = {
     );
     CREATE INDEX archive_keys_key ON archive_keys(tenant, key, sort_key);
     CREATE INDEX archive_keys_row ON archive_keys(row);
+    """,
+    # The set journal (p2psync/state/setindex.py): every change to the set of stored message
+    # CIDs, written by triggers, so whatever changes `messages` — a handler, an undo or redo
+    # changeset of a warp, another process, plain SQL — is journaled in its own transaction
+    # (and rolled back with it). SetIndex folds the journal into per-scope LtHash digests
+    # (`set_digests`: scope '' is the whole tenant, else a protocol URL) and deletes the folded
+    # rows; `meta.set_journal_floor` is the last folded seq. A store's existing messages are
+    # journaled here once, so the first fold builds their digests. (A migration that rebuilds
+    # `messages` must create these triggers again: dropping a table drops its triggers.)
+    3: """
+    CREATE TABLE set_journal(
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,  -- never reused: the floor only moves forward
+        tenant INTEGER NOT NULL,
+        protocol TEXT,
+        cid TEXT NOT NULL,
+        delta INTEGER NOT NULL       -- +1 stored, -1 removed
+    );
+    CREATE TRIGGER set_journal_insert AFTER INSERT ON messages BEGIN
+        INSERT INTO set_journal(tenant, protocol, cid, delta) VALUES(new.tenant, new.protocol, new.cid, 1);
+    END;
+    CREATE TRIGGER set_journal_delete AFTER DELETE ON messages BEGIN
+        INSERT INTO set_journal(tenant, protocol, cid, delta) VALUES(old.tenant, old.protocol, old.cid, -1);
+    END;
+    -- nothing updates these columns today; should anything (a changeset, a hand edit), the
+    -- journal still sees the row leave one place in the set and enter another
+    CREATE TRIGGER set_journal_update AFTER UPDATE OF tenant, cid, protocol ON messages
+    WHEN old.tenant IS NOT new.tenant OR old.cid IS NOT new.cid OR old.protocol IS NOT new.protocol BEGIN
+        INSERT INTO set_journal(tenant, protocol, cid, delta) VALUES(old.tenant, old.protocol, old.cid, -1);
+        INSERT INTO set_journal(tenant, protocol, cid, delta) VALUES(new.tenant, new.protocol, new.cid, 1);
+    END;
+    CREATE TABLE set_digests(
+        tenant INTEGER NOT NULL,
+        scope TEXT NOT NULL,         -- '' for the whole tenant, else a protocol URL
+        count INTEGER NOT NULL,
+        state BLOB NOT NULL,         -- LtHash16 state (p2psync/replication/lthash.py), 2,048 bytes
+        PRIMARY KEY(tenant, scope)
+    );
+    INSERT INTO set_journal(tenant, protocol, cid, delta) SELECT tenant, protocol, cid, 1 FROM messages ORDER BY id;
+    INSERT INTO meta(key, value) VALUES('set_journal_floor', '0');
     """,
 }
 

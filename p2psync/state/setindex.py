@@ -1,0 +1,359 @@
+"""The maintained set digests of a store, and the feed of changes to its sets of message CIDs.
+
+Anti-entropy (issue #14) compares the *stored set* of each (tenant, scope): the CIDs of the
+``messages`` rows of a tenant, or of those rows whose ``protocol`` column is one protocol. Each
+set has an LtHash16 digest (:mod:`p2psync.replication.lthash`) that is kept up to date as
+messages are stored and removed, never recomputed from the messages:
+
+- SQL triggers on ``messages`` (schema 3, :mod:`p2psync.dwn.store`) write one row to
+  ``set_journal`` per change (+1 stored, -1 removed), inside the transaction that made the
+  change. Whatever changes ``messages`` — a handler, the undo and redo changesets of a warp
+  (SQLite fires triggers when it applies a changeset), another process — is journaled, and a
+  rolled-back transaction or savepoint takes its rows with it.
+- :meth:`SetIndex.catch_up` folds the rows past the floor (``meta.set_journal_floor``) into
+  ``set_digests`` (the tenant's row, scope ``''``, and its protocol's row), advances the floor
+  and hands the folded changes to its subscribers — the in-memory reconciliation sketches.
+  Folding costs one element hash per changed CID (about 8 µs), whoever folds.
+
+Several folders. Any connection may fold (a node, ``p2psync store digest`` beside it): folds
+are write transactions, so SQLite orders them. Folded rows are kept for a while
+(:data:`JOURNAL_RETAIN`) so that a :class:`SetIndex` whose rows another connection folded
+still sees them as changes; only when the rows it missed are gone (or on its first fold) does it
+tell its subscribers to rebuild (``reset=True``), and they read :meth:`SetIndex.cids` inside
+that fold's transaction, where the messages are exactly the state the fold reached.
+
+Open transactions. A node's :class:`~p2psync.state.committer.GroupCommitter` keeps a write
+transaction open across many writes; journal rows inside it may still roll back, so
+:meth:`SetIndex.catch_up` does nothing while the connection is in a transaction (call it after
+the commit: ``committer.wait_commit()``). :meth:`SetIndex.digest` is right either way: it adds
+the rows not folded yet that the connection sees.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Final
+
+from p2psync.dwn.store import Store
+from p2psync.errors import LocalMisuse
+from p2psync.replication.lthash import Element, LtHash
+
+__all__ = [
+    "FLOOR_KEY",
+    "JOURNAL_RETAIN",
+    "PRUNED_KEY",
+    "TENANT_SCOPE",
+    "SetChange",
+    "SetDigest",
+    "SetIndex",
+    "SetListener",
+]
+
+log = logging.getLogger(__name__)
+
+#: ``meta`` key: the last journal seq folded into ``set_digests``.
+FLOOR_KEY: Final = "set_journal_floor"
+#: ``meta`` key: the last journal seq deleted (rows up to it are gone).
+PRUNED_KEY: Final = "set_journal_pruned"
+#: The ``set_digests`` scope of a whole tenant (a protocol's scope is its URL, never empty).
+TENANT_SCOPE: Final = ""
+#: Folded journal rows kept, so that a fold by another connection does not force this one's
+#: subscribers to rebuild. About 120 bytes a row: 1.2 MB. A node folds after every commit (at
+#: most 64 writes, committer.MAX_BATCH_WRITES), so a CLI's fold beside it is far within this.
+JOURNAL_RETAIN: Final = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class SetChange:
+    """A CID entering (``delta`` +1) or leaving (-1) a tenant's stored set, with the protocol
+    of its message (None for a message of no protocol)."""
+
+    tenant: str
+    protocol: str | None
+    cid: str
+    delta: int
+
+
+@dataclass(frozen=True, slots=True)
+class SetDigest:
+    """How many CIDs a set holds and its LtHash16 digest (32 bytes)."""
+
+    count: int
+    digest: bytes
+
+    def hex(self) -> str:
+        return self.digest.hex()
+
+
+#: ``callback(changes, reset)``: the changes of one fold in journal order; ``reset`` says the
+#: subscriber's state may have missed changes and must be rebuilt from :meth:`SetIndex.cids`.
+SetListener = Callable[[list[SetChange], bool], None]
+
+_EMPTY_DIGEST: Final = LtHash().digest()
+
+
+class _Subscription:
+    __slots__ = ("callback", "fresh")
+
+    def __init__(self, callback: SetListener) -> None:
+        self.callback = callback
+        self.fresh = True  # its first fold is a reset: it has built nothing yet
+
+
+class _Scope:
+    """A ``set_digests`` row being folded into."""
+
+    __slots__ = ("count", "hash")
+
+    def __init__(self, count: int, state: bytes | None) -> None:
+        self.count = count
+        self.hash = LtHash() if state is None else LtHash.from_state(state)
+
+
+class SetIndex:
+    """The maintained digests of ``store``'s sets and their change feed (see the module doc).
+
+    Lives on the thread that owns ``store``'s connection; one per connection that serves
+    subscribers (any number may answer :meth:`digest`).
+    """
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._seen: int | None = None  # the floor after this index's last fold (None: no fold yet)
+        self._subscriptions: list[_Subscription] = []
+        self._dids: dict[int, str] = {}
+        #: folds done and journal rows folded by this index (for tests and metrics)
+        self.folds = 0
+        self.folded = 0
+
+    # -- the feed ----------------------------------------------------------------------------
+
+    def subscribe(self, callback: SetListener) -> Callable[[], None]:
+        """Call ``callback(changes, reset)`` after each fold (its first with ``reset=True``).
+
+        Callbacks run inside the fold's transaction, so :meth:`cids` read there is exactly the
+        state the fold reached. A callback that raises rolls the fold back, and every
+        subscriber is reset at the next one. Returns a function that unsubscribes.
+        """
+        sub = _Subscription(callback)
+        self._subscriptions.append(sub)
+
+        def unsubscribe() -> None:
+            if sub in self._subscriptions:
+                self._subscriptions.remove(sub)
+
+        return unsubscribe
+
+    def catch_up(self) -> list[SetChange]:
+        """Fold the journal into ``set_digests`` and tell the subscribers; returns the changes
+        this index had not seen, in journal order (a CID's changes that cancel out are left
+        out). Does nothing while the connection is in a transaction (see the module doc)."""
+        conn = self.store.conn
+        if conn.in_transaction:
+            return []
+        if not self._has_work():
+            return []
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            changes, reset, floor = self._fold()
+            for sub in list(self._subscriptions):
+                if changes or reset or sub.fresh:
+                    sub.callback(changes, reset or sub.fresh)
+                    sub.fresh = False
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            self._seen = None  # subscribers may hold changes that did not commit: reset them all
+            raise
+        self._seen = floor
+        self.folds += 1
+        return changes
+
+    def _has_work(self) -> bool:
+        if self._seen is None or any(sub.fresh for sub in self._subscriptions):
+            return True
+        conn = self.store.conn
+        with conn:  # one read snapshot
+            floor = self._meta_int(FLOOR_KEY)
+            last = conn.execute("SELECT max(seq) FROM set_journal").fetchone()
+        return floor != self._seen or (last is not None and last[0] is not None and int(last[0]) > floor)
+
+    def _fold(self) -> tuple[list[SetChange], bool, int]:
+        """Inside the write transaction: (changes since this index's last fold, reset, new floor)."""
+        conn = self.store.conn
+        floor = self._meta_int(FLOOR_KEY)
+        pruned = self._meta_int(PRUNED_KEY)
+        seen = self._seen
+        reset = seen is None or seen > floor or seen < pruned
+        # Rows another connection folded since our last fold are changes for our subscribers
+        # (already in set_digests); the rows past the floor are folded now.
+        start = floor if reset or seen is None else seen
+        net: dict[tuple[int, str | None, str], int] = {}
+        to_fold: dict[tuple[int, str | None, str], int] = {}
+        last = floor
+        for seq, tid, protocol, cid, delta in conn.execute(
+            "SELECT seq, tenant, protocol, cid, delta FROM set_journal WHERE seq>? ORDER BY seq", (start,)
+        ):
+            key = (int(tid), protocol, str(cid))
+            net[key] = net.get(key, 0) + int(delta)
+            if seq > floor:
+                to_fold[key] = to_fold.get(key, 0) + int(delta)
+                last = int(seq)
+        if last > floor:
+            self._apply(to_fold)
+            self.folded += last - floor
+            self._set_meta(FLOOR_KEY, last)
+        horizon = last - JOURNAL_RETAIN
+        if horizon > pruned:
+            conn.execute("DELETE FROM set_journal WHERE seq<=?", (horizon,))
+            self._set_meta(PRUNED_KEY, horizon)
+        changes = [SetChange(self._did(tid), protocol, cid, delta)
+                   for (tid, protocol, cid), delta in net.items() if delta]
+        return changes, reset, last
+
+    def _apply(self, deltas: dict[tuple[int, str | None, str], int]) -> None:
+        """Add each net change to its tenant's and its protocol's ``set_digests`` rows."""
+        conn = self.store.conn
+        scopes: dict[tuple[int, str], _Scope] = {}
+
+        def scope(tid: int, name: str) -> _Scope:
+            found = scopes.get((tid, name))
+            if found is None:
+                row = conn.execute(
+                    "SELECT count, state FROM set_digests WHERE tenant=? AND scope=?", (tid, name)
+                ).fetchone()
+                found = scopes[(tid, name)] = _Scope(0, None) if row is None else _Scope(int(row[0]), bytes(row[1]))
+            return found
+
+        for (tid, protocol, cid), delta in deltas.items():
+            if not delta:
+                continue
+            element = Element.of(cid)
+            targets = [scope(tid, TENANT_SCOPE)]
+            if protocol:
+                targets.append(scope(tid, protocol))
+            for target in targets:
+                target.count += delta
+                for _ in range(abs(delta)):
+                    if delta > 0:
+                        target.hash.add_element(element)
+                    else:
+                        target.hash.remove_element(element)
+        for (tid, name), s in scopes.items():
+            if s.count == 0 and s.hash.is_empty():
+                conn.execute("DELETE FROM set_digests WHERE tenant=? AND scope=?", (tid, name))
+            else:
+                conn.execute(
+                    "INSERT INTO set_digests(tenant, scope, count, state) VALUES(?,?,?,?)"
+                    " ON CONFLICT(tenant, scope) DO UPDATE SET count=excluded.count, state=excluded.state",
+                    (tid, name, s.count, s.hash.state()),
+                )
+
+    # -- answers -----------------------------------------------------------------------------
+
+    def digest(self, tenant: str, protocol: str | None = None) -> SetDigest:
+        """The digest of ``tenant``'s stored set (or of its messages of ``protocol``), from
+        ``set_digests`` after a :meth:`catch_up` — never from the messages."""
+        self.catch_up()
+        return self._digest(tenant, protocol)
+
+    def digests(self, protocol: str | None = None) -> dict[str, SetDigest]:
+        """Every tenant's :meth:`digest` (of the whole tenant, or of ``protocol``) whose set is
+        not empty, in DID order."""
+        self.catch_up()
+        out: dict[str, SetDigest] = {}
+        for did in sorted(self.store.tenants()):
+            d = self._digest(did, protocol)
+            if d.count:
+                out[did] = d
+        return out
+
+    def protocols(self, tenant: str) -> list[str]:
+        """The protocols of which ``tenant`` holds messages (as folded), sorted."""
+        self.catch_up()
+        tid = self.store.tenant_id(tenant, create=False)
+        if tid is None:
+            return []
+        rows = self.store.conn.execute(
+            "SELECT scope FROM set_digests WHERE tenant=? AND scope<>? AND count>0 ORDER BY scope",
+            (tid, TENANT_SCOPE),
+        )
+        return [str(r[0]) for r in rows]
+
+    def _digest(self, tenant: str, protocol: str | None) -> SetDigest:
+        scope = _scope_of(protocol)
+        tid = self.store.tenant_id(tenant, create=False)
+        if tid is None:
+            return SetDigest(0, _EMPTY_DIGEST)
+        conn = self.store.conn
+        with conn:  # one read snapshot (a savepoint inside an open transaction)
+            row = conn.execute(
+                "SELECT count, state FROM set_digests WHERE tenant=? AND scope=?", (tid, scope)
+            ).fetchone()
+            folded = _Scope(0, None) if row is None else _Scope(int(row[0]), bytes(row[1]))
+            # Rows not folded yet: this connection's open transaction's, or committed by
+            # another connection since catch_up.
+            sql = "SELECT cid, delta FROM set_journal WHERE seq>? AND tenant=?"
+            args: tuple[object, ...] = (self._meta_int(FLOOR_KEY), tid)
+            if protocol is not None:
+                sql += " AND protocol=?"
+                args += (protocol,)
+            for cid, delta in conn.execute(sql, args):
+                folded.count += int(delta)
+                if int(delta) > 0:
+                    folded.hash.add(str(cid))
+                else:
+                    folded.hash.remove(str(cid))
+        if folded.count == 0 and folded.hash.is_empty():
+            return SetDigest(0, _EMPTY_DIGEST)
+        return SetDigest(folded.count, folded.hash.digest())
+
+    def cids(self, tenant: str, protocol: str | None = None) -> list[str]:
+        """The CIDs of ``tenant``'s stored set (or of ``protocol``), read from the messages: a
+        scan, for a subscriber that rebuilds."""
+        _scope_of(protocol)
+        tid = self.store.tenant_id(tenant, create=False)
+        if tid is None:
+            return []
+        if protocol is None:
+            rows: Iterable[tuple[object, ...]] = self.store.conn.execute(
+                "SELECT cid FROM messages WHERE tenant=?", (tid,))
+        else:
+            rows = self.store.conn.execute(
+                "SELECT cid FROM messages WHERE tenant=? AND protocol=?", (tid, protocol))
+        return [str(r[0]) for r in rows]
+
+    def pending(self) -> int:
+        """Journal rows not folded yet (as this connection sees them)."""
+        return int(self.store.scalar(
+            "SELECT count(*) FROM set_journal WHERE seq>?", (self._meta_int(FLOOR_KEY),)))
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _meta_int(self, key: str) -> int:
+        row = self.store.conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return 0 if row is None else int(row[0])
+
+    def _set_meta(self, key: str, value: int) -> None:
+        self.store.conn.execute(
+            "INSERT INTO meta(key, value) VALUES(?,?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+            (key, str(value)),
+        )
+
+    def _did(self, tid: int) -> str:
+        did = self._dids.get(tid)
+        if did is None:
+            row = self.store.conn.execute("SELECT did FROM tenants WHERE id=?", (tid,)).fetchone()
+            did = self._dids[tid] = str(row[0]) if row is not None else f"#{tid}"
+        return did
+
+
+def _scope_of(protocol: str | None) -> str:
+    if protocol is None:
+        return TENANT_SCOPE
+    if not protocol:
+        raise LocalMisuse("a protocol scope is a protocol URL, never empty")
+    return protocol
