@@ -30,6 +30,7 @@ from p2psync.dwn.did import Identity
 from p2psync.dwn.engine import Dwn
 from p2psync.dwn.store import Store
 from p2psync.errors import error_name, is_retryable
+from p2psync.peer.anti_entropy import ReconcileSummary, reconcile_with
 from p2psync.peer.repair import RepairProgress, RepairSummary, WantedMessage, fetch_messages
 from p2psync.peer.session import PeerSession
 from p2psync.replication.hello import new_hello
@@ -46,7 +47,8 @@ from p2psync.state.ledger import Direction, Ledger, LinkKey, retry_delay
 from p2psync.state.service import StoreService
 
 __all__ = [
-    "AGENT", "CHECKPOINT_INTERVAL", "Peer", "RepairProgress", "RepairSummary", "SyncProgress", "SyncStats",
+    "AGENT", "CHECKPOINT_INTERVAL", "Peer", "ReconcileSummary", "RepairProgress", "RepairSummary", "SyncProgress",
+    "SyncStats",
     "SyncSummary", "WantedMessage",
 ]
 
@@ -250,6 +252,26 @@ class Peer:
         plan rows. Returns a :class:`RepairSummary` with one outcome per distinct CID."""
         return await fetch_messages(self, self._connector(target), tenant=tenant, cids=cids, scope=scope,
                                     on_progress=on_progress)
+
+    async def reconcile(
+        self,
+        target: str | Connector,
+        *,
+        tenant: str,
+        scope: SyncScope | None = None,
+        repair: bool = False,
+        direction: Direction_ = "both",
+        on_progress: Callable[[RepairProgress], None] | None = None,
+    ) -> ReconcileSummary:
+        """Anti-entropy with the peer at ``target``: what each replica holds of ``tenant``'s
+        messages in ``scope`` that the other lacks, and with ``repair`` fetch (pull) and hand
+        over (push) exactly those (:mod:`p2psync.peer.anti_entropy`)."""
+        if direction not in ("pull", "push", "both"):
+            raise errors.LocalMisuse("direction must be pull, push or both")
+        return await reconcile_with(
+            self, self.service.sketches, self._connector(target), tenant=tenant, scope=scope, repair=repair,
+            pull=direction in ("pull", "both"), push=direction in ("push", "both"), on_progress=on_progress,
+        )
 
 
 class _Round:

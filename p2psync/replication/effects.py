@@ -40,6 +40,7 @@ __all__ = [
     "ReadCheckpoint",
     "OpenLink",
     "YIELD",
+    "AnswerReconcile",
     "AnswerRefs",
     "Apply",
     "ApplyGrant",
@@ -249,6 +250,17 @@ class AnswerRefs(StoreRequest):
     refs: tuple[DependencyRef, ...]
     decision: ReadDecision
     limit: int
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerReconcile(StoreRequest):
+    """Answer one ``reconcile`` request body over ``tenant``'s messages in ``scope``
+    (protocol/anti-entropy.md): the reply body, or a ``PeerError``. ``resolve`` requests
+    (``r``: ids to CIDs) are answered here too."""
+
+    tenant: str
+    scope: SyncScope
+    body: dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)

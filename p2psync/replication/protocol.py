@@ -31,11 +31,12 @@ from typing import Any, Final
 from p2psync.dwn.did import Identity
 from p2psync.dwn.errors import DwnError
 from p2psync.dwn.progress import ProgressToken
-from p2psync.dwn.replication_types import DependencyRef, ReplicationWireError, ref_from_json
+from p2psync.dwn.replication_types import DependencyRef, InitialWrite, ReplicationWireError, ref_from_json
 from p2psync.errors import HandshakeFailed, LocalMisuse
 from p2psync.replication.closure import ReplicationEntry
 from p2psync.replication.effects import (
     YIELD,
+    AnswerReconcile,
     AnswerRefs,
     ApplyGrant,
     Authorize,
@@ -63,6 +64,7 @@ from p2psync.replication.effects import (
 )
 from p2psync.replication.hello import Hello, HelloProofInvalid, make_proof, verify_proof
 from p2psync.replication.observer import NO_OBSERVER, SyncObserver
+from p2psync.replication.recon import MAX_RECONCILE_BODY, MAX_TAKE, body_collection
 from p2psync.replication.round import SyncRound
 from p2psync.replication.scope import SyncScope
 from p2psync.replication.sink import Sink, durable
@@ -104,7 +106,7 @@ log = logging.getLogger("p2psync.peer")
 #: getDependencies/getAttachment/proveAttachment, and either role can be a source.
 _SOURCE_PROFILES: Final = frozenset({"getDependencies", "getAttachment", "proveAttachment"})
 PASSIVE_PROFILES: Final = frozenset(
-    {"getCollections", "getCheckpoint", "setCheckpoint", "subChanges", "proposeChanges", "rev", "norev"}
+    {"getCollections", "getCheckpoint", "setCheckpoint", "subChanges", "proposeChanges", "rev", "norev", "reconcile"}
 ) | _SOURCE_PROFILES
 ACTIVE_PROFILES: Final = frozenset({"changes", "rev", "norev"}) | _SOURCE_PROFILES
 #: Every profile a peer answers (the BLIP handler table is built from this).
@@ -201,6 +203,7 @@ class ReplicationProtocol:
             "changes": self._on_changes,
             "rev": self._on_rev,
             "norev": self._on_norev,
+            "reconcile": self._on_reconcile,
         }
 
     # == inputs =============================================================================
@@ -346,6 +349,11 @@ class ReplicationProtocol:
     def get_dependencies(self, index: int, refs: list[DependencyRef]) -> Operation:
         """``getDependencies`` for ``refs``: result the raw answers (one per ref)."""
         return self._command(self._get_dependencies(index, refs), "getDependencies")
+
+    def reconcile(self, body: dict[str, Any]) -> Operation:
+        """One ``reconcile`` request (protocol/anti-entropy.md): ``(decoded reply, request body,
+        reply)`` (the last two for counting what went over the wire)."""
+        return self._command(self._reconcile(body), "reconcile")
 
     def admit(self, index: int, obj: Any) -> Operation:
         """Admit one MessageEntry outside a listing (a repair), through collection ``index``'s
@@ -867,6 +875,60 @@ class ReplicationProtocol:
         if ticket is not None:
             yield from durable(ticket)
         return entry, result, outcome
+
+    # == anti-entropy (protocol/anti-entropy.md) ===========================================
+
+    def _reconcile(self, body: dict[str, Any]) -> Effects:
+        raw = encode_body(body)
+        reply: Response = yield Call("reconcile", {}, raw, urgent=True)
+        return decode_map(reply.body), raw, reply
+
+    def _on_reconcile(self, properties: dict[str, str], body: bytes) -> Effects:
+        if len(body) > MAX_RECONCILE_BODY:
+            refuse(413, "ReconcileTooLarge", f"a reconcile request is at most {MAX_RECONCILE_BODY} bytes")
+        request = decode_map(body)
+        index = body_collection(request)
+        coll = self._collection_at(index)
+        decision = yield from self._require_reader(coll)
+        if not decision.everything:
+            # The ids of a set say which messages exist; only a reader of all of them may ask.
+            refuse(403, "ReconcileNotAuthorized", "set reconciliation is for readers of the whole scope")
+        if "f" in request:
+            counts = yield from self._take_from_peer(index, request["f"])
+            return SendReply(0, {}, encode_body({"k": counts}))
+        reply = yield AnswerReconcile(coll.tenant, coll.scope, request)
+        return SendReply(0, {}, encode_body(reply), urgent=True)
+
+    def _take_from_peer(self, index: int, cids: Any) -> Effects:
+        """``f``: the other peer holds these and we lack them; fetch each by CID from it
+        (getDependencies, our closure loop, durable commits). Answers counts by result kind."""
+        if not self.accept_push:
+            refuse(403, "PushRefused", "this peer does not take pushes")
+        if (not isinstance(cids, list) or len(cids) > MAX_TAKE
+                or not all(isinstance(c, str) and 0 < len(c) <= 128 for c in cids)):
+            refuse(400, "ReconcileInvalid", f"f is a list of at most {MAX_TAKE} CIDs")
+        sink = self.sinks.get(index)
+        if sink is None or sink.key is not None:
+            sink = self.repair_sink(index)
+        counts: dict[str, int] = {}
+        for start in range(0, len(cids), MAX_REFS):
+            chunk = cids[start : start + MAX_REFS]
+            refs: list[DependencyRef] = [InitialWrite(record_id=c, message_cid=c) for c in chunk]
+            answers = yield from self._get_dependencies(index, refs)
+            for cid, found in zip(chunk, answers, strict=True):
+                entries = found.get("entries") if isinstance(found, dict) else None
+                match = [e for e in entries or [] if isinstance(e, dict) and isinstance(e.get("message"), dict)
+                         and ReplicationEntry(e["message"]).cid == cid]
+                if not match:
+                    kind = "NotFound"
+                else:
+                    try:
+                        _, result, _ = yield from self._admit(index, match[0])
+                        kind = str(result.kind)
+                    except PeerError as exc:
+                        kind = exc.name
+                counts[kind] = counts.get(kind, 0) + 1
+        return counts
 
     def repair_sink(self, index: int) -> Sink:
         """A sink for collection ``index`` that keeps no tokens (a repair's admits)."""

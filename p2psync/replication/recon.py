@@ -45,6 +45,9 @@ __all__ = [
     "MARGIN",
     "MemorySet",
     "MAX_OPENING_SYMBOLS",
+    "MAX_RECONCILE_BODY",
+    "MAX_RESOLVE",
+    "MAX_TAKE",
     "MAX_REPLY_SYMBOLS",
     "MAX_SYMBOL_INDEX",
     "PROFILE",
@@ -52,7 +55,11 @@ __all__ = [
     "ReconResult",
     "SetView",
     "answer",
+    "body_collection",
     "pack_ids",
+    "parse_resolve",
+    "resolve_request",
+    "resolved_of",
     "pack_symbols",
     "unpack_ids",
     "unpack_symbols",
@@ -81,6 +88,13 @@ SLACK: Final = 16
 GROWTH: Final = 0.5
 #: Ids in a decoded-at-opening answer: at most what 64 symbols can peel.
 MAX_DECODED_IDS: Final = 2 * MAX_OPENING_SYMBOLS
+#: Ids per resolve request (``r``): 4,096 × 8 bytes = 32 KiB asked, ~300 KiB answered.
+MAX_RESOLVE: Final = 4096
+#: CIDs per take request (``f``: "fetch these from me"): each is fetched and admitted before
+#: the reply, so a request is bounded work (32 getDependencies of 128 refs).
+MAX_TAKE: Final = 4096
+#: A request body: the largest legitimate one is a take of 4,096 CIDs (~250 KiB).
+MAX_RECONCILE_BODY: Final = 512 * 1024
 
 
 class SetView(Protocol):
@@ -186,6 +200,40 @@ def _coder_members(coder: Coder) -> dict[str, Any]:
         out["t"] = coder.salt
     if coder.width != 8:
         out["i"] = coder.width
+    return out
+
+
+def body_collection(body: dict[str, Any]) -> int:
+    """The collection index ``c`` (absent: 0)."""
+    index = body.get("c", 0)
+    if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+        refuse(400, "ReconcileInvalid", "c (collection) is a non-negative integer")
+    return index
+
+
+def resolve_request(coder: Coder, ids: Sequence[int], collection: int | None = None) -> dict[str, Any]:
+    """``{c, r, t?, i?}``: the CIDs the responder holds under these ids."""
+    out: dict[str, Any] = {} if collection is None else {"c": collection}
+    out.update(_coder_members(coder))
+    out["r"] = pack_ids(ids, coder.width)
+    return out
+
+
+def parse_resolve(body: dict[str, Any]) -> tuple[Coder, list[int]]:
+    coder = coder_of(body)
+    return coder, unpack_ids(body.get("r"), coder.width, MAX_RESOLVE)
+
+
+def resolved_of(reply: dict[str, Any]) -> list[dict[str, Any]]:
+    """The ``k`` list of a resolve reply: ``{cid, kind, recordId?, protocol?}`` per message."""
+    items = reply.get("k")
+    if not isinstance(items, list) or len(items) > 4 * MAX_RESOLVE:
+        refuse(400, "ReconcileInvalid", "k is a list of resolved messages")
+    out = []
+    for item in items:
+        if not isinstance(item, dict) or not isinstance(item.get("cid"), str):
+            refuse(400, "ReconcileInvalid", "a resolved message is a map with a cid")
+        out.append(item)
     return out
 
 

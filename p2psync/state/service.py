@@ -32,6 +32,7 @@ from p2psync.state.copies import CheckpointCopies, Origins
 from p2psync.state.ledger import Ledger
 from p2psync.state.local import LocalStoreFetcher
 from p2psync.state.log import check_token
+from p2psync.state.sketches import SetSketches
 
 __all__ = ["StoreService"]
 
@@ -57,6 +58,8 @@ class StoreService:
         self.authorizer = authorizer if authorizer is not None else ReadAuthorizer(store)
         self.origins = Origins(store)
         self.fetcher = LocalStoreFetcher(store)
+        #: the reconciliation sketches (protocol/anti-entropy.md), kept up to date
+        self.sketches = SetSketches(store)
         #: ledger steps waiting for the open batch's commit, by (link key, direction)
         self._at_commit: dict[tuple[Any, Any], list[Any]] = {}
         self._sync: dict[type, Callable[[Any], Any]] = {
@@ -66,6 +69,7 @@ class StoreService:
             fx.OpenFeed: self._open_feed,
             fx.ReadPage: self._read_page,
             fx.AnswerRefs: self._answer_refs,
+            fx.AnswerReconcile: lambda r: self.sketches.answer(r.tenant, r.scope, r.body),
             fx.ReadOffered: self._read_offered,
             fx.HeldMessages: self._held,
             fx.Apply: self._apply,
