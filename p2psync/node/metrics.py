@@ -95,6 +95,8 @@ class NodeMetrics:
         self.gap_repairs = 0
         self.checkpoint_rewinds = 0
         self.closure_missing: dict[str, int] = {}
+        #: rounds that reconciled instead of replaying, by reason (progress_gap, never_linked, …)
+        self.gap_reconciles: dict[str, int] = {}
         self.apply_results: dict[str, int] = {}
         self.latency_buckets = [0] * (len(LATENCY_BUCKETS_MS) + 1)  # the last one is +Inf
         self.latency_sum_ms = 0.0
@@ -122,6 +124,9 @@ class NodeMetrics:
     def dependencies_missing(self, refs: Sequence[DependencyRef]) -> None:
         for ref in refs:
             self.closure_missing[ref.type] = self.closure_missing.get(ref.type, 0) + 1
+
+    def gap_repaired(self, reason: str, fetched: int, taken: int) -> None:
+        self.gap_reconciles[reason] = self.gap_reconciles.get(reason, 0) + 1
 
     # -- ledger events ---------------------------------------------------------------------------
 

@@ -167,9 +167,10 @@ class _AntiEntropy:
             try:
                 result = await self._exchange(coder)
             except PeerError as exc:
-                if exc.name != "ReconcileFailed" or attempt == MAX_ATTEMPTS:
+                if exc.name not in ("ReconcileFailed", "ReconcileSetChanged") or attempt == MAX_ATTEMPTS:
                     raise
-                coder = Coder(salt=secrets.token_bytes(SALT_BYTES))
+                if exc.name == "ReconcileFailed":  # a collision, maybe: another salt
+                    coder = Coder(salt=secrets.token_bytes(SALT_BYTES))
                 continue
             if attempt == 1:
                 s.local_count, s.remote_count = self._local_count(coder), result.remote_count

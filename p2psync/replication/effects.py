@@ -41,6 +41,8 @@ __all__ = [
     "OpenLink",
     "YIELD",
     "AnswerReconcile",
+    "LocalCids",
+    "LocalSetView",
     "AnswerRefs",
     "Apply",
     "ApplyGrant",
@@ -261,6 +263,27 @@ class AnswerReconcile(StoreRequest):
     tenant: str
     scope: SyncScope
     body: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class LocalSetView(StoreRequest):
+    """This store's set of ``tenant``'s messages in ``scope`` for reconciling under ``coder``
+    (a :class:`~p2psync.replication.recon.SetView`), and the tenant's log head token (wire
+    form, None for an empty log) read at the same committed state."""
+
+    tenant: str
+    scope: SyncScope
+    coder: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class LocalCids(StoreRequest):
+    """The CIDs this store holds under the short ``ids`` of ``coder``."""
+
+    tenant: str
+    scope: SyncScope
+    coder: Any
+    ids: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,6 +33,12 @@ class SyncObserver(Protocol):
         """The closure loop asks the source for these dependencies (they are not here)."""
         ...
 
+    def gap_repaired(self, reason: str, fetched: int, taken: int) -> None:
+        """A round reconciled instead of replaying (``reason``: ``progress_gap``,
+        ``never_linked``, ``checkpoint_mismatch``), fetching ``fetched`` messages and handing
+        over ``taken`` (protocol/anti-entropy.md §7)."""
+        ...
+
 
 class NoObserver:
     """The observer of a peer nobody watches."""
@@ -44,6 +50,9 @@ class NoObserver:
         return None
 
     def dependencies_missing(self, refs: Sequence[DependencyRef]) -> None:
+        return None
+
+    def gap_repaired(self, reason: str, fetched: int, taken: int) -> None:
         return None
 
 

@@ -44,6 +44,8 @@ from p2psync.replication.effects import (
     CloseConnection,
     Collection,
     ConnectionLost,
+    LocalCids,
+    LocalSetView,
     Notify,
     OpenFeed,
     Operation,
@@ -64,7 +66,15 @@ from p2psync.replication.effects import (
 )
 from p2psync.replication.hello import Hello, HelloProofInvalid, make_proof, verify_proof
 from p2psync.replication.observer import NO_OBSERVER, SyncObserver
-from p2psync.replication.recon import MAX_RECONCILE_BODY, MAX_TAKE, body_collection
+from p2psync.replication.recon import (
+    MAX_RECONCILE_BODY,
+    MAX_RESOLVE,
+    MAX_TAKE,
+    Reconciliation,
+    body_collection,
+    resolve_request,
+    resolved_of,
+)
 from p2psync.replication.round import SyncRound
 from p2psync.replication.scope import SyncScope
 from p2psync.replication.sink import Sink, durable
@@ -119,6 +129,9 @@ MAX_DEPENDENCIES_IN_FLIGHT: Final = 16
 PROVE_NONCE_MIN, PROVE_NONCE_MAX = 16, 255
 #: Grants an active may bring per collection (§4.1, §12).
 MAX_GRANTS: Final = 8
+#: Result kinds after which a message is held (or something newer is): a gap repair that ends
+#: with only these lets the round resume after the peer's head.
+SETTLED_KINDS: Final = frozenset({"Applied", "Duplicate", "Superseded"})
 
 Effects = Generator[Any, Any, Any]
 
@@ -900,13 +913,20 @@ class ReplicationProtocol:
         return SendReply(0, {}, encode_body(reply), urgent=True)
 
     def _take_from_peer(self, index: int, cids: Any) -> Effects:
-        """``f``: the other peer holds these and we lack them; fetch each by CID from it
-        (getDependencies, our closure loop, durable commits). Answers counts by result kind."""
+        """``f``: the other peer holds these and we lack them; fetch each by CID from it.
+        Answers counts by result kind."""
         if not self.accept_push:
             refuse(403, "PushRefused", "this peer does not take pushes")
         if (not isinstance(cids, list) or len(cids) > MAX_TAKE
                 or not all(isinstance(c, str) and 0 < len(c) <= 128 for c in cids)):
             refuse(400, "ReconcileInvalid", f"f is a list of at most {MAX_TAKE} CIDs")
+        counts = yield from self._fetch_named(index, cids)
+        return counts
+
+    def _fetch_named(self, index: int, cids: list[str]) -> Effects:
+        """Fetch messages by CID from the other peer (getDependencies with ``messageCid`` refs,
+        our closure loop, durable commits) through a repair sink (no tokens). Counts by result
+        kind; ``NotFound`` for a CID the peer did not answer with."""
         sink = self.sinks.get(index)
         if sink is None or sink.key is not None:
             sink = self.repair_sink(index)
@@ -920,7 +940,7 @@ class ReplicationProtocol:
                 match = [e for e in entries or [] if isinstance(e, dict) and isinstance(e.get("message"), dict)
                          and ReplicationEntry(e["message"]).cid == cid]
                 if not match:
-                    kind = "NotFound"
+                    kind = "Withheld" if isinstance(found, dict) and found.get("withheld") is True else "NotFound"
                 else:
                     try:
                         _, result, _ = yield from self._admit(index, match[0])
@@ -929,6 +949,57 @@ class ReplicationProtocol:
                         kind = exc.name
                 counts[kind] = counts.get(kind, 0) + 1
         return counts
+
+    def reconcile_repair(self, index: int, tenant: str, scope: SyncScope, *, push: bool) -> Effects:
+        """Reconcile collection ``index`` and fetch exactly what we lack (and, with ``push``, have
+        the peer take what it lacks): the gap repair of a round (protocol/anti-entropy.md §7).
+
+        Returns ``(their head, our head, fetched, taken)`` when every message both ways was
+        settled (applied, already held or superseded), so each side may resume its log after
+        the other's head; None when a replay must do it (an empty local set, a refusal, a
+        collision, something left unapplied)."""
+        view, our_head = yield LocalSetView(tenant, scope)
+        if view.count == 0:
+            return None  # nothing to save: streaming the log is the faster way to fill a store
+        recon = Reconciliation(view, collection=index or None, want_head=True)
+        try:
+            request: dict[str, Any] | None = recon.opening()
+            while request is not None:
+                reply, _, _ = yield from self._reconcile(request)
+                request = recon.receive(reply)
+        except PeerError as exc:
+            log.info("reconcile with %s: %s; replaying instead", self.remote_did, exc)
+            return None
+        result = recon.result
+        assert result is not None
+        fetched: dict[str, int] = {}
+        if result.remote_only:
+            cids: list[str] = []
+            for start in range(0, len(result.remote_only), MAX_RESOLVE):
+                body = resolve_request(recon.coder, result.remote_only[start : start + MAX_RESOLVE], index or None)
+                reply, _, _ = yield from self._reconcile(body)
+                cids.extend(str(item["cid"]) for item in resolved_of(reply))
+            fetched = yield from self._fetch_named(index, cids)
+            if len(cids) != len(result.remote_only):
+                fetched["NotFound"] = fetched.get("NotFound", 0) + len(result.remote_only) - len(cids)
+        taken: dict[str, int] = {}
+        if push and result.local_only:
+            mine = yield LocalCids(tenant, scope, recon.coder, tuple(result.local_only))
+            for start in range(0, len(mine), MAX_TAKE):
+                body = {"f": mine[start : start + MAX_TAKE], **({"c": index} if index else {})}
+                try:
+                    reply, _, _ = yield from self._reconcile(body)
+                except PeerError as exc:
+                    if exc.code != 403:
+                        raise
+                    return None
+                counts = reply.get("k")
+                for kind, n in (counts.items() if isinstance(counts, dict) else ()):
+                    if isinstance(kind, str) and isinstance(n, int):
+                        taken[kind] = taken.get(kind, 0) + n
+        if any(kind not in SETTLED_KINDS for kind in (*fetched, *taken)):
+            return None
+        return result.head, our_head, sum(fetched.values()), sum(taken.values())
 
     def repair_sink(self, index: int) -> Sink:
         """A sink for collection ``index`` that keeps no tokens (a repair's admits)."""

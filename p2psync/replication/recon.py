@@ -5,16 +5,19 @@ The initiator (:class:`Reconciliation`) holds the decoder; the responder (:func:
 no state between requests, so a hostile initiator costs it bounded work per request and no
 memory. Every request and reply is one small CBOR map (1-letter keys: bytes matter here).
 
-1. **Opening** ``{c, h, n, s}``: the initiator's 16-byte set digest, its count and its first
+1. **Opening** ``{c, h, n, s, l?}``: the initiator's 16-byte set digest, its count and its first
    coded symbol(s). The responder answers
    - ``{q: true}`` when the digests are equal (one small message each way);
    - ``{y, m}`` when it could peel the difference from those symbols alone (one or two
      messages differ): ``y`` the ids only the responder holds, ``m`` those only the initiator
      holds;
    - ``{n, e}`` otherwise: its count and its difference-estimator lanes.
-2. **Symbols** ``{c, w: [lo, hi]}`` → ``{s}``: the responder's coded symbols ``[lo, hi)``. The
+   The estimate reply carries ``v``, the set's version (4 bytes of its digest).
+2. **Symbols** ``{c, w: [lo, hi]}`` → ``{s, v}``: the responder's coded symbols ``[lo, hi)``. The
    first such request is sized from the estimate (:data:`MARGIN` × d̂, enough for ~99 % of
    decodes), later ones add half again, until the decoder is done or :data:`MAX_SYMBOL_INDEX`.
+   A ``v`` that differs from the estimate reply's means the responder's set changed in between
+   (``409 ReconcileSetChanged``: start again).
 
 So: equal → 1 round trip; d ≤ 2 or so → 1; otherwise usually 2, rarely 3.
 """
@@ -88,6 +91,9 @@ SLACK: Final = 16
 GROWTH: Final = 0.5
 #: Ids in a decoded-at-opening answer: at most what 64 symbols can peel.
 MAX_DECODED_IDS: Final = 2 * MAX_OPENING_SYMBOLS
+#: Bytes of the set version (its digest's first bytes) on replies that span requests: a set
+#: that changed between two of them would mix two states in one decode (2^-32 to miss it).
+VERSION_BYTES: Final = 4
 #: Ids per resolve request (``r``): 4,096 × 8 bytes = 32 KiB asked, ~300 KiB answered.
 MAX_RESOLVE: Final = 4096
 #: CIDs per take request (``f``: "fetch these from me"): each is fetched and admitted before
@@ -259,7 +265,8 @@ def answer(body: dict[str, Any], view_for: Callable[[Coder], SetView]) -> dict[s
         if hi > MAX_SYMBOL_INDEX or hi - lo > MAX_REPLY_SYMBOLS:
             refuse(413, "ReconcileTooLarge",
                    f"at most {MAX_REPLY_SYMBOLS} symbols a request, below index {MAX_SYMBOL_INDEX}")
-        return {"s": pack_symbols(view_for(coder).symbols(lo, hi), coder.width)}
+        view = view_for(coder)
+        return {"s": pack_symbols(view.symbols(lo, hi), coder.width), "v": view.digest[:VERSION_BYTES]}
     digest = body.get("h")
     if not isinstance(digest, bytes) or len(digest) != DIGEST_BYTES:
         refuse(400, "ReconcileInvalid", f"h (digest) is {DIGEST_BYTES} bytes")
@@ -278,7 +285,7 @@ def answer(body: dict[str, Any], view_for: Callable[[Coder], SetView]) -> dict[s
         if decoder.done and n_theirs - len(decoder.remote_only) + len(decoder.local_only) == view.count:
             # remote = the initiator: its extra ids are what this side lacks.
             return {"y": pack_ids(decoder.local_only, coder.width), "m": pack_ids(decoder.remote_only, coder.width)}
-    return {"n": view.count, "e": _lanes_bytes(view.lanes())}
+    return {"n": view.count, "e": _lanes_bytes(view.lanes()), "v": view.digest[:VERSION_BYTES]}
 
 
 # --- initiator ---------------------------------------------------------------------------------
@@ -297,6 +304,8 @@ class ReconResult:
     symbols: int = 0
     estimate: float | None = None
     remote_count: int = 0
+    #: the responder's log head token (wire form) when the opening asked for it (``l``)
+    head: Any = None
 
     @property
     def differences(self) -> int:
@@ -312,8 +321,12 @@ class Reconciliation:
     retries with a fresh salt (a short-id collision, protocol/anti-entropy.md §5).
     """
 
-    def __init__(self, local: SetView, collection: int | None = None, opening_symbols: int = OPENING_SYMBOLS) -> None:
+    def __init__(self, local: SetView, collection: int | None = None, opening_symbols: int = OPENING_SYMBOLS,
+                 *, want_head: bool = False) -> None:
         self.local = local
+        #: ask the responder for its log head token with the opening (``l``, §7)
+        self.want_head = want_head
+        self._head: Any = None
         self.coder = local.coder
         self.collection = collection
         self._opening_symbols = opening_symbols
@@ -323,6 +336,7 @@ class Reconciliation:
         self.result: ReconResult | None = None
         self._estimate: float | None = None
         self._remote_count = 0
+        self._version: bytes | None = None
 
     def _request(self, **members: Any) -> dict[str, Any]:
         out: dict[str, Any] = {} if self.collection is None else {"c": self.collection}
@@ -332,8 +346,11 @@ class Reconciliation:
 
     def opening(self) -> dict[str, Any]:
         self.round_trips = 1
-        return self._request(h=self.local.digest[:DIGEST_BYTES], n=self.local.count,
-                             s=pack_symbols(self.local.symbols(0, self._opening_symbols), self.coder.width))
+        request = self._request(h=self.local.digest[:DIGEST_BYTES], n=self.local.count,
+                                s=pack_symbols(self.local.symbols(0, self._opening_symbols), self.coder.width))
+        if self.want_head:
+            request["l"] = True
+        return request
 
     def receive(self, reply: Any) -> dict[str, Any] | None:
         """Take the reply to the last request; the next request body, or ``None`` when done."""
@@ -342,6 +359,7 @@ class Reconciliation:
         if self._asked is None:
             return self._after_opening(reply)
         lo, hi = self._asked
+        self._check_version(reply)
         remote = unpack_symbols(reply.get("s"), lo, self.coder.width, expected=hi - lo)
         self._decoder.feed(remote, self.local.symbols(lo, hi))
         if self._decoder.corrupt:
@@ -359,6 +377,7 @@ class Reconciliation:
         return self._ask(hi, min(MAX_SYMBOL_INDEX, hi + max(SLACK, min(MAX_REPLY_SYMBOLS, math.ceil(hi * GROWTH)))))
 
     def _after_opening(self, reply: dict[str, Any]) -> dict[str, Any] | None:
+        self._head = reply.get("l")
         if reply.get("q") is True:
             self._remote_count = self.local.count
             self._finish(ReconResult(True))
@@ -370,10 +389,20 @@ class Reconciliation:
             self._finish(ReconResult(False, y, m))
             return None
         self._remote_count = _count(reply.get("n"))
+        self._check_version(reply)
         lanes = _lanes_of(reply.get("e"))
         self._estimate = estimate_difference(self.local.lanes(), self.local.count, lanes, self._remote_count)
         hi = min(MAX_SYMBOL_INDEX, SLACK + math.ceil(MARGIN * max(2.0, self._estimate)))
         return self._ask(0, hi)
+
+    def _check_version(self, reply: dict[str, Any]) -> None:
+        version = reply.get("v")
+        if not isinstance(version, bytes) or len(version) != VERSION_BYTES:
+            refuse(400, "ReconcileInvalid", f"v (set version) is {VERSION_BYTES} bytes")
+        if self._version is None:
+            self._version = version
+        elif version != self._version:
+            refuse(409, "ReconcileSetChanged", "the peer's set changed during the reconciliation; start again")
 
     def _ask(self, lo: int, hi: int) -> dict[str, Any]:
         hi = min(hi, lo + MAX_REPLY_SYMBOLS, MAX_SYMBOL_INDEX)
@@ -386,6 +415,7 @@ class Reconciliation:
         result.symbols = self._decoder.received
         result.estimate = self._estimate
         result.remote_count = self._remote_count
+        result.head = self._head
         self.result = result
 
 

@@ -27,6 +27,7 @@ import logging
 from collections.abc import Callable, Generator
 from typing import Any, Final, Literal, Protocol
 
+from p2psync.dwn.errors import DwnError
 from p2psync.dwn.progress import ProgressToken
 from p2psync.errors import CheckpointRevConflict
 from p2psync.replication.checkpoint import Direction, DirectionCheckpoint, LinkState, checkpoint_id
@@ -37,6 +38,7 @@ from p2psync.replication.effects import (
     OpenLink,
     Operation,
     ReadCheckpoint,
+    RecordSteps,
     RecordSuccess,
     ResetCheckpoint,
     RewindCheckpoint,
@@ -44,6 +46,7 @@ from p2psync.replication.effects import (
     Transition,
 )
 from p2psync.replication.hello import Hello
+from p2psync.replication.observer import SyncObserver
 from p2psync.replication.scope import SyncScope
 from p2psync.replication.sink import Sink
 from p2psync.replication.source import Source
@@ -67,6 +70,9 @@ class RoundHost(Protocol):
 
     theirs: Hello | None
     collections: list[Collection | None]
+    observer: SyncObserver
+
+    def reconcile_repair(self, index: int, tenant: str, scope: SyncScope, *, push: bool) -> Effects: ...
 
     def start_operation(self, gen: Effects, name: str) -> Operation: ...
 
@@ -138,6 +144,8 @@ class SyncRound:
         #: still in flight must not land after (and over) the final one
         self._saving = proto.slots(1)
         self._replay_until = -1
+        #: why a pull that starts from nothing does (``never_linked``/``checkpoint_mismatch``)
+        self._restart: str | None = None
         self._directions: list[Operation] = []
 
     # -- commands for the driver ------------------------------------------------------------
@@ -156,6 +164,13 @@ class SyncRound:
         yield from self._open()
         pull_since = yield from self._start(Direction.PULL, self._copy.get("pull", {}))
         push_since = yield from self._start(Direction.PUSH, self._copy.get("push", {}))
+        if self.pull and pull_since is None and self._restart is not None:
+            # A first sync with a peer, or a copy in another domain: reconcile instead of
+            # replaying the whole log (protocol/anti-entropy.md §7).
+            heads = yield from self._reconcile_instead(self._restart, push=self.push and push_since is None)
+            if heads is not None:
+                pull_since, ours = heads
+                push_since = ours if ours is not None else push_since
         if self.pull:
             self._directions.append(self.proto.start_operation(self._pull(pull_since), "pull"))
         if self.push:
@@ -186,6 +201,8 @@ class SyncRound:
         except Exception:  # a broken copy counts as none: restart from the start, safely
             copy = DirectionCheckpoint()
         mine, theirs = local.contiguous_applied_token, copy.contiguous_applied_token
+        if direction == Direction.PULL:
+            self._restart = "never_linked" if mine is None and theirs is None else "checkpoint_mismatch"
         if mine == theirs:
             if local.pending_tokens or local.unapplied_tokens:
                 # The round replays from the frontier anyway; a token left unapplied whose entry
@@ -219,12 +236,14 @@ class SyncRound:
                     return  # our own sink refused what still came: the round saves and ends
                 if exc.code != 410:
                     raise
-                # §11 gap: repairing, reset the pull document, replay the source from the start.
+                # §11 gap: repairing, reset the pull document, then reconcile and resume after the
+                # source's head (anti-entropy.md §7); a replay from the start when that fails.
                 log.info("pull from %s: %s; repairing", self.remote, exc.detail)
                 yield Transition(self.key, LinkState.REPAIRING, "progress_gap", direction=Direction.PULL,
                                  error_code="ProgressGap")
                 yield ResetCheckpoint(self.key, Direction.PULL, "progress_gap")
-                since = None
+                heads = yield from self._reconcile_instead("progress_gap", push=False)
+                since = heads[0] if heads is not None else None
                 continue
             yield FlushCommits()
             if self.continuous and not self.stopped:
@@ -233,6 +252,33 @@ class SyncRound:
                 yield RecordSuccess(self.key)  # healthy again: the next backoff starts short
                 yield from self.proto.until_closed_or(lambda: self.stopped)
             return
+
+    def _reconcile_instead(self, reason: str, *, push: bool) -> Effects:
+        """Reconcile with the source, fetch what we lack (and with ``push`` hand over what it
+        lacks), and set the pull document (and the push one) to resume after the heads read
+        with the reconciled sets. ``(pull since, push since)``, or None: replay instead."""
+        found = yield from self.proto.reconcile_repair(self.index, self.tenant, self.scope, push=push)
+        if found is None:
+            return None
+        theirs, ours, fetched, taken = found
+        try:
+            heads = [None if h is None else ProgressToken.from_wire(h) for h in (theirs, ours)]
+        except DwnError as exc:
+            log.info("%s with %s: the head token is malformed (%s); replaying", reason, self.remote, exc)
+            return None
+        pull_since = yield from self._resume_after(Direction.PULL, heads[0])
+        push_since = (yield from self._resume_after(Direction.PUSH, heads[1])) if push else None
+        yield FlushCommits()
+        log.info("%s with %s: reconciled (%d fetched, %d taken) instead of replaying",
+                 reason, self.remote, fetched, taken)
+        self.proto.observer.gap_repaired(reason, fetched, taken)
+        return pull_since, push_since
+
+    def _resume_after(self, direction: Direction, token: ProgressToken | None) -> Effects:
+        """Make ``token`` (None: an empty log) the direction's frontier."""
+        if token is not None:
+            yield RecordSteps(self.key, direction, (("received", token), ("applied", token)))
+        return token
 
     def _settled(self) -> Effects:
         """Whether the link may be ``live``: no `rev` of this round was answered with a result

@@ -31,7 +31,7 @@ from p2psync.state.committer import GroupCommitter, StoreUnavailable
 from p2psync.state.copies import CheckpointCopies, Origins
 from p2psync.state.ledger import Ledger
 from p2psync.state.local import LocalStoreFetcher
-from p2psync.state.log import check_token
+from p2psync.state.log import check_token, replay_bounds
 from p2psync.state.sketches import SetSketches
 
 __all__ = ["StoreService"]
@@ -59,7 +59,7 @@ class StoreService:
         self.origins = Origins(store)
         self.fetcher = LocalStoreFetcher(store)
         #: the reconciliation sketches (protocol/anti-entropy.md), kept up to date
-        self.sketches = SetSketches(store)
+        self.sketches = SetSketches(store, flush=lambda: self._flush(fx.FlushCommits()))
         #: ledger steps waiting for the open batch's commit, by (link key, direction)
         self._at_commit: dict[tuple[Any, Any], list[Any]] = {}
         self._sync: dict[type, Callable[[Any], Any]] = {
@@ -69,7 +69,9 @@ class StoreService:
             fx.OpenFeed: self._open_feed,
             fx.ReadPage: self._read_page,
             fx.AnswerRefs: self._answer_refs,
-            fx.AnswerReconcile: lambda r: self.sketches.answer(r.tenant, r.scope, r.body),
+            fx.AnswerReconcile: self._answer_reconcile,
+            fx.LocalSetView: self._local_set_view,
+            fx.LocalCids: lambda r: self.sketches.cids_of(r.tenant, r.scope, r.coder, r.ids),
             fx.ReadOffered: self._read_offered,
             fx.HeldMessages: self._held,
             fx.Apply: self._apply,
@@ -222,6 +224,25 @@ class StoreService:
             readable = [e for e in entries if may_read is None or may_read(e.message)]
             out.append((readable, len(readable) != len(entries)))
         return out
+
+    def _log_head(self, tenant: str) -> dict[str, Any] | None:
+        """The tenant's log head token after committing the open batch, so that the set a
+        reconcile reads next (it commits too, then reads without yielding) and the head agree
+        (protocol/anti-entropy.md §7)."""
+        self._flush(fx.FlushCommits())
+        bounds = replay_bounds(self.store, tenant)
+        return None if bounds is None or bounds.latest is None else bounds.latest.to_wire()
+
+    def _answer_reconcile(self, request: fx.AnswerReconcile) -> dict[str, Any]:
+        head = self._log_head(request.tenant) if request.body.get("l") is True else None
+        reply = self.sketches.answer(request.tenant, request.scope, request.body)
+        if request.body.get("l") is True:
+            reply["l"] = head
+        return reply
+
+    def _local_set_view(self, request: fx.LocalSetView) -> tuple[Any, dict[str, Any] | None]:
+        head = self._log_head(request.tenant)
+        return self.sketches.view(request.tenant, request.scope, request.coder), head
 
     def _read_offered(self, request: fx.ReadOffered) -> bytes | None:
         data = self.store.data.get(request.tenant, request.record_id, request.data_cid)

@@ -15,10 +15,11 @@ Subset scopes (path or context prefixes) are not reconciled yet: ``400 Reconcile
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 from p2psync.dwn.store import Store
+from p2psync.errors import LocalMisuse
 from p2psync.replication.lthash import lthash_digest
 from p2psync.replication.recon import MemorySet, SetView, answer, parse_resolve
 from p2psync.replication.riblt import Coder, Key, Sketch, Symbols
@@ -71,14 +72,15 @@ class _Maintained:
 class _MaintainedView:
     """:class:`SetView` over a maintained set and the index's digest."""
 
-    def __init__(self, kept: _Maintained, count: int, digest: bytes) -> None:
+    def __init__(self, kept: _Maintained, count: int, digest: bytes, *, snapshot: bool = False) -> None:
+        self._sketch = kept.sketch.copy() if snapshot else kept.sketch
         self._kept = kept
         self._count = count
         self._digest = digest
 
     @property
     def coder(self) -> Coder:
-        return self._kept.sketch.coder
+        return self._sketch.coder
 
     @property
     def count(self) -> int:
@@ -89,19 +91,24 @@ class _MaintainedView:
         return self._digest
 
     def lanes(self) -> list[int]:
-        return self._kept.sketch.estimator.lanes()
+        return self._sketch.estimator.lanes()
 
     def symbols(self, lo: int, hi: int) -> Symbols:
-        sketch = self._kept.sketch
+        sketch = self._sketch
         return sketch.range(lo, hi) if hi <= sketch.size else sketch.range(lo, hi, self._kept.keys())
 
 
 class SetSketches:
     """Sketches and resolution for one store (see the module doc)."""
 
-    def __init__(self, store: Store, index: SetIndex | None = None) -> None:
+    def __init__(self, store: Store, index: SetIndex | None = None, *,
+                 flush: Callable[[], None] | None = None) -> None:
         self.store = store
         self.index = index if index is not None else SetIndex(store)
+        # Commits a writer's open batch (a node's group commit): the sketches and the digests
+        # must read one committed state, and journal rows inside an open transaction are not
+        # folded (they may still roll back).
+        self._flush = flush
         self._kept: dict[_Set, _Maintained] = {}
         self._salted: OrderedDict[tuple[_Set, Coder], MemorySet] = OrderedDict()
         self.index.subscribe(self._on_changes)
@@ -114,9 +121,12 @@ class SetSketches:
             self._kept.clear()
             return
         for change in changes:
-            for key in ((change.tenant, None), (change.tenant, change.protocol)):
+            sets: tuple[_Set, ...] = ((change.tenant, None),)
+            if change.protocol is not None:
+                sets += ((change.tenant, change.protocol),)
+            for key in sets:
                 kept = self._kept.get(key)
-                if kept is not None and (key[1] is None or change.protocol is not None):
+                if kept is not None:
                     kept.change(change.cid, change.delta)
 
     @staticmethod
@@ -126,6 +136,13 @@ class SetSketches:
         if scope.kind == "protocol":
             return tenant, scope.protocol
         refuse(400, "ReconcileScopeUnsupported", "reconciliation covers a whole tenant or one protocol")
+
+    def _catch_up(self) -> None:
+        if self._flush is not None:
+            self._flush()
+        if self.store.conn.in_transaction:
+            raise LocalMisuse("reconciliation reads committed sets: commit the open transaction first")
+        self.index.catch_up()
 
     def _maintained(self, key: _Set) -> _Maintained:
         kept = self._kept.get(key)
@@ -138,10 +155,11 @@ class SetSketches:
         """This store's set of ``tenant``'s messages in ``scope`` under ``coder`` (default: 8-byte
         unsalted ids, the maintained sketch)."""
         key = self._set_of(tenant, scope)
-        self.index.catch_up()
+        self._catch_up()
         digest = self.index.digest(*key)
         if coder is None or coder.is_default:
-            return _MaintainedView(self._maintained(key), digest.count, digest.digest)
+            # A snapshot: the set may change while a session asks for more symbols.
+            return _MaintainedView(self._maintained(key), digest.count, digest.digest, snapshot=True)
         salted = self._salted.get((key, coder))
         if salted is None:
             self.builds += 1
@@ -155,7 +173,7 @@ class SetSketches:
     def cids_of(self, tenant: str, scope: SyncScope, coder: Coder, ids: Iterable[int]) -> list[str]:
         """The CIDs this store holds under short ids ``ids`` (a collision gives several)."""
         key = self._set_of(tenant, scope)
-        self.index.catch_up()
+        self._catch_up()
         wanted = set(ids)
         if coder.is_default:
             by_id = self._maintained(key).by_id

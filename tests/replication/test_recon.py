@@ -207,12 +207,24 @@ def test_truncated_and_mismatched_symbol_replies_are_refused() -> None:
     request = recon.receive(answer(request, lambda _c: theirs))
     assert request is not None and "w" in request
     full = answer(request, lambda _c: theirs)["s"]
-    for bad in (full[:-1], full[:-13], full + b"\x00" * 13, "text"):
+    version = theirs.digest[:4]
+    for bad in ({"s": full[:-1], "v": version}, {"s": full[:-13], "v": version},
+                {"s": full + b"\x00" * 13, "v": version}, {"s": "text", "v": version}, {"s": full}):
         fresh = Reconciliation(view(common + a))
         fresh.receive(answer(fresh.opening(), lambda _c: theirs))
         with pytest.raises(PeerError) as info:
-            fresh.receive({"s": bad})
+            fresh.receive(bad)
         assert info.value.name == "ReconcileInvalid"
+
+
+def test_a_set_that_changes_between_requests_is_caught() -> None:
+    common, a, b = split(200, 30, 30)
+    recon = Reconciliation(view(common + a))
+    request = recon.receive(answer(recon.opening(), lambda _c: view(common + b)))
+    assert request is not None
+    with pytest.raises(PeerError) as info:
+        recon.receive(answer(request, lambda _c: view(common + b + [cid(1, "late")])))
+    assert (info.value.code, info.value.name) == (409, "ReconcileSetChanged")
 
 
 @settings(max_examples=80, deadline=None)
@@ -220,6 +232,7 @@ def test_truncated_and_mismatched_symbol_replies_are_refused() -> None:
 def test_garbage_symbols_never_raise_anything_but_a_refusal(raw: bytes) -> None:
     common, a, b = split(150, 20, 20)
     recon = Reconciliation(view(common + a))
+    version = view(common + b).digest[:4]
     recon.receive(answer(recon.opening(), lambda _c: view(common + b)))
     try:
         while True:
@@ -227,7 +240,7 @@ def test_garbage_symbols_never_raise_anything_but_a_refusal(raw: bytes) -> None:
             lo, hi = recon._asked
             size = (hi - lo) * 13
             chunk = (raw * (1 + size // max(1, len(raw))))[:size] if raw else bytes(size)
-            if recon.receive({"s": chunk}) is None or hi > 5000:
+            if recon.receive({"s": chunk, "v": version}) is None or hi > 5000:
                 break
     except PeerError as exc:
         assert exc.name in {"ReconcileInvalid", "ReconcileFailed"}
@@ -237,12 +250,13 @@ def test_a_garbage_stream_ends_with_reconcile_failed_not_a_hang() -> None:
     rng = random.Random(5)
     common, a, b = split(150, 20, 20)
     recon = Reconciliation(view(common + a))
+    version = view(common + b).digest[:4]
     recon.receive(answer(recon.opening(), lambda _c: view(common + b)))
     with pytest.raises(PeerError) as info:
         for _ in range(200):
             assert recon._asked is not None
             lo, hi = recon._asked
-            recon.receive({"s": rng.randbytes((hi - lo) * 13)})
+            recon.receive({"s": rng.randbytes((hi - lo) * 13), "v": version})
     assert info.value.name == "ReconcileFailed"
 
 
