@@ -13,6 +13,10 @@ scheduling rounds (so writers that are already runnable join the batch), then co
 Writes that must be atomic with a batch (ledger steps for the applied messages) register a
 :meth:`before_commit` hook.
 
+:meth:`after_commit` registers a function called after every successful COMMIT, before any
+other task runs (so before another batch opens): the set index folds its journal there
+(p2psync/state/setindex.py), which it must not do inside an open batch.
+
 A failed COMMIT rolls the batch back and fails every writer of it with
 :class:`StoreUnavailable`: their results were never durable, so nobody may be told otherwise.
 Callers must then drop any in-memory progress they derived (the peer closes the connection
@@ -74,6 +78,7 @@ class GroupCommitter:
         self._batch: _Batch | None = None
         self._numbers = 0
         self._committed = trio.Event()
+        self._after_commit: list[Callable[[], object]] = []
         #: commits so far (for tests and metrics)
         self.commits = 0
 
@@ -105,6 +110,17 @@ class GroupCommitter:
             return
         if hook not in self._batch.hooks:
             self._batch.hooks.append(hook)
+
+    def after_commit(self, fn: Callable[[], object]) -> Callable[[], None]:
+        """Call ``fn`` after every successful commit, outside any transaction (until the
+        returned function is called). Its exceptions are logged: the commit stands."""
+        self._after_commit.append(fn)
+
+        def remove() -> None:
+            if fn in self._after_commit:
+                self._after_commit.remove(fn)
+
+        return remove
 
     async def durable(self, batch: _Batch) -> None:
         """Return once ``batch`` is committed; :class:`StoreUnavailable` if its commit failed."""
@@ -159,3 +175,9 @@ class GroupCommitter:
             self.commits += 1
             self._committed.set()
             self._committed = trio.Event()
+        if batch.error is None:
+            for fn in list(self._after_commit):
+                try:
+                    fn()
+                except Exception as exc:  # a follower's failure is not the writers'
+                    log.error("after-commit %r failed: %s", fn, exc)

@@ -24,9 +24,10 @@ that fold's transaction, where the messages are exactly the state the fold reach
 
 Open transactions. A node's :class:`~p2psync.state.committer.GroupCommitter` keeps a write
 transaction open across many writes; journal rows inside it may still roll back, so
-:meth:`SetIndex.catch_up` does nothing while the connection is in a transaction (call it after
-the commit: ``committer.wait_commit()``). :meth:`SetIndex.digest` is right either way: it adds
-the rows not folded yet that the connection sees.
+:meth:`SetIndex.catch_up` does nothing while the connection is in a transaction: a node folds
+after each commit with ``committer.after_commit(index.catch_up)``, which runs before another
+batch can open. :meth:`SetIndex.digest` is right either way: it adds the rows not folded yet
+that the connection sees (and answers so when another connection holds the write lock).
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Final
+
+import apsw
 
 from p2psync.dwn.store import Store
 from p2psync.errors import LocalMisuse
@@ -257,13 +260,13 @@ class SetIndex:
     def digest(self, tenant: str, protocol: str | None = None) -> SetDigest:
         """The digest of ``tenant``'s stored set (or of its messages of ``protocol``), from
         ``set_digests`` after a :meth:`catch_up` — never from the messages."""
-        self.catch_up()
+        self._try_catch_up()
         return self._digest(tenant, protocol)
 
     def digests(self, protocol: str | None = None) -> dict[str, SetDigest]:
         """Every tenant's :meth:`digest` (of the whole tenant, or of ``protocol``) whose set is
         not empty, in DID order."""
-        self.catch_up()
+        self._try_catch_up()
         out: dict[str, SetDigest] = {}
         for did in sorted(self.store.tenants()):
             d = self._digest(did, protocol)
@@ -271,9 +274,17 @@ class SetIndex:
                 out[did] = d
         return out
 
+    def _try_catch_up(self) -> None:
+        try:
+            self.catch_up()
+        except apsw.BusyError:
+            # Another connection kept the write lock past the busy timeout: the rows it has
+            # not let us fold are added to the answer instead.
+            log.info("set journal not folded: the store is busy; answering from the journal")
+
     def protocols(self, tenant: str) -> list[str]:
         """The protocols of which ``tenant`` holds messages (as folded), sorted."""
-        self.catch_up()
+        self._try_catch_up()
         tid = self.store.tenant_id(tenant, create=False)
         if tid is None:
             return []

@@ -217,6 +217,7 @@ def test_applying_a_changeset_fires_the_triggers() -> None:
     apsw.Changeset.apply(changes, store.conn)
     assert_maintained(store, index)
     assert index.digest(TENANTS[0], PROTOCOLS[1]) == SetDigest(1, lthash_digest([CIDS[1]]))
+    assert index.protocols(TENANTS[0]) == [PROTOCOLS[1]] and index.protocols(TENANTS[1]) == []
 
 
 def test_changes_that_cancel_out_within_a_fold_are_left_out() -> None:
@@ -263,6 +264,52 @@ async def test_no_fold_inside_the_committers_open_transaction(tmp_path: Path) ->
     assert_maintained(store, index)
     with trio.fail_after(5):
         await trio.lowlevel.checkpoint()
+
+
+async def test_the_committer_folds_after_each_commit(tmp_path: Path) -> None:
+    """``committer.after_commit(index.catch_up)``: each batch is folded as soon as it is
+    committed, before another batch opens, and subscribers hear of nothing uncommitted."""
+    store = Store(tmp_path / "s.db")
+    index = SetIndex(store)
+    mirror = Mirror(index)
+    committer = GroupCommitter(store, max_writes=4)
+    seen_in_batch: list[int] = []
+
+    def check() -> None:
+        assert not store.conn.in_transaction
+        seen_in_batch.append(index.pending())
+
+    committer.after_commit(check)
+    committer.after_commit(index.catch_up)
+
+    async def writer(i: int) -> None:
+        await committer.write(lambda: put(store, TENANTS[i % 2], CIDS[i], PROTOCOLS[i % 3]))
+
+    async with trio.open_nursery() as nursery:
+        for i in range(10):
+            nursery.start_soon(writer, i)
+    assert committer.commits >= 3 and len(seen_in_batch) == committer.commits
+    assert index.pending() == 0 and index.folds == committer.commits
+    mirror.assert_exact(store)
+    assert_maintained(store, index)
+
+
+def test_a_busy_store_still_answers(tmp_path: Path) -> None:
+    """Another connection holds the write lock (a node mid-batch): the digest is answered from
+    the folded state plus the journal rows not folded yet."""
+    a, b = Store(tmp_path / "s.db"), Store(tmp_path / "s.db")
+    index = SetIndex(a)
+    put(a, TENANTS[0], CIDS[0], None)
+    b.conn.execute("BEGIN IMMEDIATE")
+    put(b, TENANTS[0], CIDS[1], None)  # not committed: a sees only CIDS[0]
+    a.conn.set_busy_timeout(10)
+    assert index.digest(TENANTS[0]) == SetDigest(1, lthash_digest([CIDS[0]]))
+    assert index.pending() == 1 and index.folds == 0
+    b.conn.execute("COMMIT")
+    assert index.digest(TENANTS[0]) == SetDigest(2, lthash_digest(CIDS[:2]))
+    assert index.pending() == 0
+    a.close()
+    b.close()
 
 
 def test_a_failed_callback_rolls_the_fold_back_and_resets_everyone() -> None:
