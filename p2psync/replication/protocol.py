@@ -79,6 +79,7 @@ from p2psync.replication.round import SyncRound
 from p2psync.replication.scope import SyncScope
 from p2psync.replication.sink import Sink, durable
 from p2psync.replication.source import Source, message_entry
+from p2psync.replication.stats import SyncStats
 from p2psync.replication.wire import (
     DEFAULT_BATCH,
     DEFAULT_MAX_DATA,
@@ -923,13 +924,15 @@ class ReplicationProtocol:
         counts = yield from self._fetch_named(index, cids)
         return counts
 
-    def _fetch_named(self, index: int, cids: list[str]) -> Effects:
+    def _fetch_named(self, index: int, cids: list[str], stats: SyncStats | None = None) -> Effects:
         """Fetch messages by CID from the other peer (getDependencies with ``messageCid`` refs,
         our closure loop, durable commits) through a repair sink (no tokens). Counts by result
         kind; ``NotFound`` for a CID the peer did not answer with."""
         sink = self.sinks.get(index)
         if sink is None or sink.key is not None:
             sink = self.repair_sink(index)
+        if stats is not None:
+            sink.stats = stats
         counts: dict[str, int] = {}
         for start in range(0, len(cids), MAX_REFS):
             chunk = cids[start : start + MAX_REFS]
@@ -950,13 +953,16 @@ class ReplicationProtocol:
                 counts[kind] = counts.get(kind, 0) + 1
         return counts
 
-    def reconcile_repair(self, index: int, tenant: str, scope: SyncScope, *, push: bool) -> Effects:
+    def reconcile_repair(self, index: int, tenant: str, scope: SyncScope, *, push: bool,
+                         stats: SyncStats | None = None) -> Effects:
         """Reconcile collection ``index`` and fetch exactly what we lack (and, with ``push``, have
         the peer take what it lacks): the gap repair of a round (protocol/anti-entropy.md §7).
 
-        Returns ``(their head, our head, fetched, taken)`` when every message both ways was
+        Returns ``(their head, our head, fetched, taken)`` (the last two: counts by result kind)
+        when every message both ways was
         settled (applied, already held or superseded), so each side may resume its log after
-        the other's head; None when a replay must do it (an empty local set, a refusal, a
+        the other's head; None when a replay must do it. ``stats``: where the fetches count their
+        dependencies, attachments and bytes (an empty local set, a refusal, a
         collision, something left unapplied)."""
         view, our_head = yield LocalSetView(tenant, scope)
         if view.count == 0:
@@ -979,7 +985,7 @@ class ReplicationProtocol:
                 body = resolve_request(recon.coder, result.remote_only[start : start + MAX_RESOLVE], index or None)
                 reply, _, _ = yield from self._reconcile(body)
                 cids.extend(str(item["cid"]) for item in resolved_of(reply))
-            fetched = yield from self._fetch_named(index, cids)
+            fetched = yield from self._fetch_named(index, cids, stats)
             if len(cids) != len(result.remote_only):
                 fetched["NotFound"] = fetched.get("NotFound", 0) + len(result.remote_only) - len(cids)
         taken: dict[str, int] = {}
@@ -999,7 +1005,7 @@ class ReplicationProtocol:
                         taken[kind] = taken.get(kind, 0) + n
         if any(kind not in SETTLED_KINDS for kind in (*fetched, *taken)):
             return None
-        return result.head, our_head, sum(fetched.values()), sum(taken.values())
+        return result.head, our_head, fetched, taken
 
     def repair_sink(self, index: int) -> Sink:
         """A sink for collection ``index`` that keeps no tokens (a repair's admits)."""

@@ -72,7 +72,8 @@ class RoundHost(Protocol):
     collections: list[Collection | None]
     observer: SyncObserver
 
-    def reconcile_repair(self, index: int, tenant: str, scope: SyncScope, *, push: bool) -> Effects: ...
+    def reconcile_repair(self, index: int, tenant: str, scope: SyncScope, *, push: bool,
+                         stats: SyncStats | None = None) -> Effects: ...
 
     def start_operation(self, gen: Effects, name: str) -> Operation: ...
 
@@ -257,7 +258,8 @@ class SyncRound:
         """Reconcile with the source, fetch what we lack (and with ``push`` hand over what it
         lacks), and set the pull document (and the push one) to resume after the heads read
         with the reconciled sets. ``(pull since, push since)``, or None: replay instead."""
-        found = yield from self.proto.reconcile_repair(self.index, self.tenant, self.scope, push=push)
+        found = yield from self.proto.reconcile_repair(self.index, self.tenant, self.scope, push=push,
+                                                       stats=self.totals.setdefault("pull", SyncStats()))
         if found is None:
             return None
         theirs, ours, fetched, taken = found
@@ -269,9 +271,13 @@ class SyncRound:
         pull_since = yield from self._resume_after(Direction.PULL, heads[0])
         push_since = (yield from self._resume_after(Direction.PUSH, heads[1])) if push else None
         yield FlushCommits()
+        self.totals.setdefault("pull", SyncStats()).count_reconciled(fetched)
+        if push:
+            self.totals.setdefault("push", SyncStats()).count_reconciled(taken)
+        n_fetched, n_taken = sum(fetched.values()), sum(taken.values())
         log.info("%s with %s: reconciled (%d fetched, %d taken) instead of replaying",
-                 reason, self.remote, fetched, taken)
-        self.proto.observer.gap_repaired(reason, fetched, taken)
+                 reason, self.remote, n_fetched, n_taken)
+        self.proto.observer.gap_repaired(reason, n_fetched, n_taken)
         return pull_since, push_since
 
     def _resume_after(self, direction: Direction, token: ProgressToken | None) -> Effects:

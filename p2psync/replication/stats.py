@@ -25,6 +25,15 @@ class SyncStats:
     bytes_received: int = 0
     bytes_sent: int = 0
     latest: int | None = None  # the source's newest log position when the feed opened (pull)
+    # messages moved by reconciliation instead of the log (pull: fetched by CID; push: taken
+    # by the peer); their results are counted in ``results`` and ``revs_applied`` too
+    reconciled: int = 0
+
+    def count_reconciled(self, results: dict[str, int]) -> None:
+        for kind, n in results.items():
+            self.results[kind] = self.results.get(kind, 0) + n
+            self.reconciled += n
+        self.revs_applied += results.get("Applied", 0)
 
     def to_json(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}
