@@ -1,5 +1,5 @@
 """Anti-entropy with one peer: find what the two replicas' sets differ by, and repair it
-(protocol/anti-entropy.md §6; docs/anti-entropy.md).
+(protocol/anti-entropy.md §4–§5; docs/operator.md, *Anti-entropy*).
 
 :func:`reconcile_with` opens one connection (hello, ``getCollections`` with a one-off
 checkpointId, like a repair by CID), runs the ``reconcile`` exchange over the local set's
@@ -14,7 +14,9 @@ with a resolve request), and with ``repair``:
   nothing new, or a decode that does not add up, is a short-id collision (or a dishonest
   peer): the next attempt uses a fresh random salt (§5), at most :data:`MAX_ATTEMPTS` in all.
 
-Nothing changes without ``repair``: ``p2psync diff`` prints the summary.
+Nothing changes without ``repair``: ``p2psync diff`` prints the summary. A one-way repair
+(``pull`` or ``push`` only) ends without ``unresolved`` when what still differs is only what
+its direction does not move.
 """
 
 from __future__ import annotations
@@ -186,6 +188,8 @@ class _AntiEntropy:
             if not repair:
                 return
             new = {d["cid"] for d in theirs if pull} | {d["cid"] for d in mine if push}
+            if not new:
+                return  # what differs is only what this direction does not move: done
             if not new - tried:
                 # Nothing left that a repair has not gone for: a collision hid the rest, or what
                 # remains cannot be applied here (superseded, refused) or not in this direction.

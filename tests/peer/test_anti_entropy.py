@@ -76,7 +76,8 @@ async def test_pull_only_repair_leaves_the_other_side_alone(tmp_path: Path) -> N
     async with served(Peer(b, ALICE)) as url:
         summary = await Peer(a, ALICE).reconcile(url, tenant=ALICE.did, repair=True, direction="pull")
     assert summary.fetched is not None and summary.fetched.counts() == {"applied": 4}
-    assert not summary.pushed and not summary.equal and summary.unresolved is not None
+    # What b lacks is not a pull's to move: done, not unresolved, and no salted retry.
+    assert not summary.pushed and not summary.equal and summary.unresolved is None and summary.attempts == 2
     assert set(b_new) <= set(a.messages.cids(ALICE.did))
     assert not set(a_new) & set(b.messages.cids(ALICE.did))
 
