@@ -2,8 +2,9 @@
 
 The peer calls these at a few points of its hot path, so an observer must be cheap and must
 never raise. The default, :data:`NO_OBSERVER`, does nothing. Link states, checkpoints and
-repairs are not reported here: they are ledger events (``Ledger.add_listener``) and ledger
-rows, read where they are needed.
+links entering ``repairing`` are not reported here: they are ledger events
+(``Ledger.add_listener``) and ledger rows, read where they are needed. What a repair moved is
+(:meth:`SyncObserver.gap_repaired`): the ledger does not know it.
 """
 
 from __future__ import annotations
@@ -33,6 +34,12 @@ class SyncObserver(Protocol):
         """The closure loop asks the source for these dependencies (they are not here)."""
         ...
 
+    def gap_repaired(self, reason: str, fetched: int) -> None:
+        """A round repaired a gap of its link (``reason``: the link's transition reason, such
+        as ``progress_gap``, ``epoch_changed``) by fetching ``fetched`` messages it lacked
+        (0 when it found none missing). Called once per repair, when it is done."""
+        ...
+
 
 class NoObserver:
     """The observer of a peer nobody watches."""
@@ -44,6 +51,9 @@ class NoObserver:
         return None
 
     def dependencies_missing(self, refs: Sequence[DependencyRef]) -> None:
+        return None
+
+    def gap_repaired(self, reason: str, fetched: int) -> None:
         return None
 
 
