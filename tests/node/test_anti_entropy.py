@@ -10,6 +10,7 @@ from typing import Any
 
 import trio
 
+from p2psync.cli.sync import status_lines, status_report
 from p2psync.dwn.did import Identity
 from p2psync.dwn.store import Store
 from p2psync.node.browse import anti_entropy_line
@@ -76,6 +77,7 @@ async def test_the_periodic_check_repairs_what_the_log_sync_did_not_carry(tmp_pa
                     and json.loads(a.status_path.read_text())["links"][0]["antiEntropy"]["checks"] >= 3)
         assert a.status_path is not None
         status = json.loads(a.status_path.read_text())
+        report = status_report(a.store, status)  # `p2psync status` beside the running node
         a.stop()
         b.stop()
     samples = metric_samples(body)
@@ -93,6 +95,10 @@ async def test_the_periodic_check_repairs_what_the_log_sync_did_not_carry(tmp_pa
     assert check["outcome"] in ("equal", "repaired") and (check["nextCheck"] is not None or check["running"])
     line = anti_entropy_line(check)
     assert line is not None and line.startswith("anti-entropy: last check ")
+    [ledger_link] = report["links"]
+    assert ledger_link["antiEntropy"] == check
+    assert f"  {line}" in status_lines(report)
+    assert "antiEntropy" not in status_report(a.store, {**status, "storeId": b.store_id})["links"][0]  # not a's node
 
 
 async def test_a_pull_only_link_fetches_what_it_lacks_and_leaves_the_rest(tmp_path: Path) -> None:
