@@ -154,6 +154,7 @@ class Node:
         shutdown_grace: float = SHUTDOWN_GRACE,
         rng: random.Random | None = None,
     ) -> None:
+        config.check()  # a NodeConfig built by hand, not by load_config, is checked here
         self.config = config
         self.store = store
         self.identity = identity

@@ -202,3 +202,12 @@ def test_anti_entropy_settings_by_layer_and_checked_together(tmp_path: Path) -> 
                                "(45), not 30")
     with pytest.raises(ConfigError, match=r"must be at least anti_entropy.interval \(120\), not 60"):
         load_config(path, env={"P2PSYNC_ANTI_ENTROPY_INTERVAL": "120", "P2PSYNC_ANTI_ENTROPY_MAX_INTERVAL": "60"})
+
+
+def test_a_node_checks_a_configuration_built_by_hand(tmp_path: Path) -> None:
+    from p2psync.node.node import Node
+    from tests.peer.support import new_store, seeded
+
+    config = NodeConfig(anti_entropy_interval=60, anti_entropy_max_interval=30)
+    with pytest.raises(ConfigError, match=r"anti_entropy.max_interval: must be at least"):
+        Node(config, new_store(tmp_path, "n"), seeded("config-by-hand"))
