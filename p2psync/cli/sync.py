@@ -398,22 +398,31 @@ def _copies(store: Store) -> list[dict[str, Any]]:
     return out
 
 
-def status_report(store: Store) -> dict[str, Any]:
+def status_report(store: Store, node: dict[str, Any] | None = None) -> dict[str, Any]:
     """``{"storeId", "links": [...], "copies": [...]}`` from the store's ledger and copies.
 
     Each link is the ledger's ``ReplicationLinkState`` object (``Ledger.link_state``) plus
     ``frontier``: ``{"pull": int | None, "push": int | None}``, the contiguousAppliedToken
-    position of each direction (None: nothing applied yet). Each copy is one checkpoint pair
-    this store keeps for an active peer that synced with it: ``{"peer", "checkpointId", "rev",
-    "frontier"}`` (the peer's pull frontier is a position in this store's log).
+    position of each direction (None: nothing applied yet), and, when ``node`` (the status
+    file of a node running on this store, p2psync/node) runs that link, ``antiEntropy``: its
+    last periodic check and the next. Each copy is one checkpoint pair this store keeps for an
+    active peer that synced with it: ``{"peer", "checkpointId", "rev", "frontier"}`` (the
+    peer's pull frontier is a position in this store's log).
     """
     ledger = Ledger.for_store(store)
+    sid = store_id(store)
+    running = node.get("links", []) if node is not None and node.get("storeId") == sid else []
     links = []
     for link in ledger.links():
         state = ledger.link_state(link.key)
         state["frontier"] = {"pull": _frontier(state["pull"]), "push": _frontier(state["push"])}
+        for shown in running:
+            if (shown.get("tenant") == link.key.tenant and shown.get("scopeId") == link.key.scope_id
+                    and shown.get("storeId") and link.key.remote.endswith(f"storeId={shown['storeId']}")
+                    and isinstance(shown.get("antiEntropy"), dict)):
+                state["antiEntropy"] = shown["antiEntropy"]
         links.append(state)
-    return {"storeId": store_id(store), "links": links, "copies": _copies(store)}
+    return {"storeId": sid, "links": links, "copies": _copies(store)}
 
 
 def status_lines(report: dict[str, Any]) -> list[str]:
@@ -444,6 +453,9 @@ def status_lines(report: dict[str, Any]) -> list[str]:
             lines.append(f"  {direction}: {applied} (received {received}"
                          + (f", {pending} pending" if pending else "")
                          + (f", {unapplied} not applied" if unapplied else "") + ")")
+        check = browse.anti_entropy_line(link.get("antiEntropy"))
+        if check is not None:
+            lines.append(f"  {check}")
     if report["copies"]:
         lines.append("checkpoints kept for peers that sync with this node:")
     for copy in report["copies"]:
@@ -550,7 +562,7 @@ def cmd_sync(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     store = open_store(args, must_exist=True)
     try:
-        report = status_report(store)
+        report = status_report(store, browse.node_status(home_of(args).path / NODE_STATUS_FILE))
     finally:
         store.close()
     if args.json:

@@ -16,7 +16,7 @@ import trio
 from p2psync.node.discovery_api import DiscoveryFactory, PeerSeenLike, zeroconf_discovery
 from p2psync.node.node import peer_json
 
-__all__ = ["PeersFailure", "browse", "node_status", "peers_lines", "run_peers"]
+__all__ = ["PeersFailure", "anti_entropy_line", "browse", "node_status", "peers_lines", "run_peers"]
 
 
 class PeersFailure(Exception):
@@ -91,9 +91,45 @@ def peers_lines(found: list[dict[str, Any]], status: dict[str, Any] | None, wait
             state = "connected" if link["connected"] else f"not connected ({link['failures']} failure(s))"
             lines.append(f"  link {link['peer']}: {link['tenant']} ({link['scope']}, {link['direction']}), {state}"
                          + (f"; last error: {link['lastError']}" if link.get("lastError") else ""))
+            check = anti_entropy_line(link.get("antiEntropy"))
+            if check is not None:
+                lines.append(f"    {check}")
         if not status.get("peers") and not status.get("links"):
             lines.append("  no peers and no links yet")
     return lines
+
+
+def anti_entropy_line(check: Any) -> str | None:
+    """A link's anti-entropy in the status file (``NodeLink.to_json``) for a person: the last
+    check (when, outcome, what each side lacked) and the next one. None when there is none."""
+    if not isinstance(check, dict):
+        return None
+    if not check.get("enabled", True):
+        return "anti-entropy off"
+    if check.get("lastCheck") is None:
+        last = "no check yet"
+    else:
+        last = f"last check {_age(check['lastCheck'])}: {check.get('outcome')}"
+        if check.get("outcome") != "failed":
+            last += (f" (this node lacked {check.get('localLacks', 0)}, the peer {check.get('remoteLacks', 0)};"
+                     f" {check.get('roundTrips', 0)} round trip(s), {check.get('bytes', 0)} bytes)")
+        if check.get("detail"):
+            last += f": {check['detail']}"
+    if check.get("running"):
+        nxt = "running now"
+    elif check.get("nextCheck") is not None:
+        nxt = f"next in {_until(check['nextCheck'])}"
+    else:
+        nxt = "first once the link's round catches up"
+    return f"anti-entropy: {last}; {nxt}"
+
+
+def _until(at: str) -> str:
+    try:
+        seconds = (datetime.fromisoformat(at) - datetime.now(UTC)).total_seconds()
+    except ValueError:
+        return at
+    return f"{max(seconds, 0):.0f} s"
 
 
 def run_peers(

@@ -12,6 +12,7 @@ merging: what you see in the highest layer is what runs).
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 import tomllib
 from collections.abc import Callable, Mapping
@@ -26,11 +27,15 @@ from p2psync.replication.scope import SyncScope
 
 __all__ = [
     "CONFIG_ENV",
+    "DEFAULT_ANTI_ENTROPY_INTERVAL",
+    "DEFAULT_ANTI_ENTROPY_JITTER",
+    "DEFAULT_ANTI_ENTROPY_MAX_INTERVAL",
     "DEFAULT_HOST",
     "DEFAULT_METRICS_HOST",
     "DEFAULT_PORT",
     "ENV_VARS",
     "LOG_LEVELS",
+    "MIN_ANTI_ENTROPY_INTERVAL",
     "ConfigError",
     "NodeConfig",
     "StaticPeer",
@@ -52,6 +57,17 @@ CONFIG_ENV: Final = "P2PSYNC_CONFIG"
 LOG_LEVELS: Final = ("debug", "info", "warning", "error")
 #: DNS-SD instance names are at most 63 octets of UTF-8 (RFC 6763 §4.1.1).
 MAX_NAME_OCTETS: Final = 63
+#: The periodic anti-entropy check of each link (p2psync/node/anti_entropy.py): the causal
+#: scoped replication RFC asks for one "every 30-60 s, with backoff once converged"; 45 s with
+#: a third of jitter either way is that range. Equal replicas double the interval up to 10
+#: minutes: a converged pair costs one small exchange then, and a difference found (or a link
+#: reconnecting) brings it back to the base at once.
+DEFAULT_ANTI_ENTROPY_INTERVAL: Final = 45.0
+DEFAULT_ANTI_ENTROPY_JITTER: Final = 1 / 3
+DEFAULT_ANTI_ENTROPY_MAX_INTERVAL: Final = 600.0
+#: Below this an anti-entropy check would mostly repeat the last one and load the peer with
+#: connections; a configured interval must be at least this (seconds).
+MIN_ANTI_ENTROPY_INTERVAL: Final = 1.0
 
 Direction = Literal["pull", "push", "both"]
 DIRECTIONS: Final = ("pull", "push", "both")
@@ -109,6 +125,18 @@ class NodeConfig:
     log_level: str = "warning"
     tenants: tuple[TenantConfig, ...] = ()  # empty: the node's own DID, globally, both ways
     peers: tuple[StaticPeer, ...] = ()
+    anti_entropy: bool = True  # a periodic check per link (p2psync/node/anti_entropy.py)
+    anti_entropy_interval: float = DEFAULT_ANTI_ENTROPY_INTERVAL  # seconds, the base interval
+    anti_entropy_jitter: float = DEFAULT_ANTI_ENTROPY_JITTER  # a fraction of the interval, either way
+    anti_entropy_max_interval: float = DEFAULT_ANTI_ENTROPY_MAX_INTERVAL  # seconds, while equal
+
+    def check(self) -> None:
+        """Checks between settings (each one is checked on its own as it is parsed); raises
+        :class:`ConfigError` naming the key."""
+        if self.anti_entropy_max_interval < self.anti_entropy_interval:
+            raise ConfigError("configuration", "anti_entropy.max_interval",
+                              f"must be at least anti_entropy.interval ({self.anti_entropy_interval:g}), "
+                              f"not {self.anti_entropy_max_interval:g}")
 
     @property
     def discovery_enabled(self) -> bool:
@@ -236,6 +264,32 @@ def _url(value: Any) -> str:
     return text
 
 
+def _number(value: Any) -> float:
+    """An int or float (TOML's), or decimal text (environment, flags)."""
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            raise ValueError(f"must be a number, not {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"must be a number, not {value!r}")
+    return float(value)
+
+
+def _interval(value: Any) -> float:
+    seconds = _number(value)
+    if seconds < MIN_ANTI_ENTROPY_INTERVAL:
+        raise ValueError(f"must be at least {MIN_ANTI_ENTROPY_INTERVAL:g} second(s), not {value!r}")
+    return seconds
+
+
+def _jitter(value: Any) -> float:
+    fraction = _number(value)
+    if not 0 <= fraction < 1:
+        raise ValueError(f"must be a fraction from 0 to below 1 (0.33: a third either way), not {value!r}")
+    return fraction
+
+
 def _list(item: Callable[[Any], Any]) -> Callable[[Any], tuple[Any, ...]]:
     """A list of ``item``: a TOML array, or comma/space-separated text (environment, flags)."""
 
@@ -303,6 +357,10 @@ KEYS: Final[dict[str, _Key]] = {
     "discovery.auto": _Key("auto", _bool, "P2PSYNC_AUTO"),
     "metrics.port": _Key("metrics_port", _port, "P2PSYNC_METRICS_PORT"),
     "metrics.host": _Key("metrics_host", _host, "P2PSYNC_METRICS_HOST"),
+    "anti_entropy.enabled": _Key("anti_entropy", _bool, "P2PSYNC_ANTI_ENTROPY"),
+    "anti_entropy.interval": _Key("anti_entropy_interval", _interval, "P2PSYNC_ANTI_ENTROPY_INTERVAL"),
+    "anti_entropy.jitter": _Key("anti_entropy_jitter", _jitter, "P2PSYNC_ANTI_ENTROPY_JITTER"),
+    "anti_entropy.max_interval": _Key("anti_entropy_max_interval", _interval, "P2PSYNC_ANTI_ENTROPY_MAX_INTERVAL"),
 }
 #: Environment variables of the two lists: whitespace- or comma-separated.
 PEERS_ENV: Final = "P2PSYNC_PEERS"
@@ -315,14 +373,20 @@ _TENANT_KEYS: Final = frozenset({"did", "direction", "scopes"})
 _PEER_KEYS: Final = frozenset({"url", "tenants"})
 
 
+#: Parsers of values that a file gives as TOML numbers or booleans, and what each expects.
+_NOT_TEXT: Final[dict[Callable[[Any], Any], str]] = {
+    _port: "an integer", _bool: "true or false", _interval: "a number", _jitter: "a number",
+}
+
+
 def _typed(parse: Callable[[Any], Any]) -> Callable[[Any], Any]:
     """In a file, numbers and booleans are TOML's own: ``port = "80"`` is a mistake to report
     (text is for the environment and flags, where everything is text)."""
-    if parse is _port or parse is _bool:
+    kind = _NOT_TEXT.get(parse)
+    if kind is not None:
 
         def strict(value: Any) -> Any:
             if isinstance(value, str):
-                kind = "an integer" if parse is _port else "true or false"
                 raise ValueError(f"must be {kind} (without quotes), not {value!r}")
             return parse(value)
 
@@ -489,4 +553,6 @@ def load_config(
         values.update(_from_file(Path(path).expanduser()))
     values.update(_from_env(env))
     values.update(_from_flags(flags or {}))
-    return NodeConfig(**values)
+    config = NodeConfig(**values)
+    config.check()
+    return config

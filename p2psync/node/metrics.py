@@ -4,8 +4,9 @@ Two sources:
 
 - the ledger, read at scrape time on the trio thread (the one thread that uses the store's
   connection): each link's state, failures and checkpoint positions;
-- the peer's hooks (:class:`~p2psync.replication.observer.SyncObserver`) and ledger events, counted
-  in plain integers as they happen (everything runs on the trio thread, so no locks).
+- the peer's hooks (:class:`~p2psync.replication.observer.SyncObserver`), ledger events and the
+  node's anti-entropy checks (:meth:`NodeMetrics.anti_entropy_checked`), counted in plain
+  integers as they happen (everything runs on the trio thread, so no locks).
 
 prometheus_client provides the metric families and the exposition format; the endpoint is a
 tiny HTTP/1.1 responder on a trio socket (:func:`serve_metrics`) rather than
@@ -28,10 +29,12 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from p2psync.dwn.replication_types import DependencyRef
+from p2psync.node.anti_entropy import OUTCOMES, CheckResult
 from p2psync.replication.scope import SyncScope
 from p2psync.state.ledger import Direction, Ledger, LedgerEvent, LinkState, LinkTransition
 
 __all__ = [
+    "GAP_REASONS",
     "LATENCY_BUCKETS_MS",
     "METRIC_NAMES",
     "NodeMetrics",
@@ -62,6 +65,14 @@ METRIC_NAMES: Final = (
     "sync_inflight_events",
 )
 _LINK_LABELS: Final = ("tenant", "remote", "scope")
+#: The reasons a link enters ``repairing`` (the ledger transitions' ``reason``: a progress gap,
+#: a new epoch, a pending-token overflow, a message not applied), exposed at 0 from the start so
+#: that a rate over ``sync_gap_repairs_total{reason}`` has a series before the first repair.
+#: Another reason, should one appear, gets its series when it first happens.
+GAP_REASONS: Final = ("progress_gap", "epoch_changed", "pending_overflow", "unsettled")
+#: Reasons the ledger already counts (a link entering `repairing`); the round's reconciliations
+#: for other reasons (never_linked, checkpoint_mismatch) are counted when they finish.
+LEDGER_COUNTED: Final = frozenset(GAP_REASONS)
 
 
 def scope_label(scope: SyncScope) -> str:
@@ -92,11 +103,14 @@ class NodeMetrics:
         self.node_facts = node_facts
         self.clock = clock
         self.inflight = 0
-        self.gap_repairs = 0
+        self.gap_repairs: dict[str, int] = dict.fromkeys(GAP_REASONS, 0)
+        self.gap_repair_messages: dict[str, int] = {}
+        self.antientropy_rounds: dict[str, int] = dict.fromkeys(OUTCOMES, 0)
+        self.antientropy_bytes = 0
+        self.antientropy_round_trips = 0
+        self.antientropy_differences = {"local_lacks": 0, "remote_lacks": 0}
         self.checkpoint_rewinds = 0
         self.closure_missing: dict[str, int] = {}
-        #: rounds that reconciled instead of replaying, by reason (progress_gap, never_linked, …)
-        self.gap_reconciles: dict[str, int] = {}
         self.apply_results: dict[str, int] = {}
         self.latency_buckets = [0] * (len(LATENCY_BUCKETS_MS) + 1)  # the last one is +Inf
         self.latency_sum_ms = 0.0
@@ -126,7 +140,22 @@ class NodeMetrics:
             self.closure_missing[ref.type] = self.closure_missing.get(ref.type, 0) + 1
 
     def gap_repaired(self, reason: str, fetched: int, taken: int) -> None:
-        self.gap_reconciles[reason] = self.gap_reconciles.get(reason, 0) + 1
+        # A progress gap was counted when its link entered `repairing` (a ledger event, below);
+        # a first sync or a checkpoint mismatch that reconciled instead of replaying enters no
+        # such state, so it is counted here. What moved is counted here either way.
+        if reason not in LEDGER_COUNTED:
+            self.gap_repairs[reason] = self.gap_repairs.get(reason, 0) + 1
+        self.gap_repair_messages[reason] = self.gap_repair_messages.get(reason, 0) + fetched + taken
+
+    # -- the node's anti-entropy -----------------------------------------------------------------
+
+    def anti_entropy_checked(self, result: CheckResult) -> None:
+        """One periodic anti-entropy check of a link ended (p2psync/node/anti_entropy.py)."""
+        self.antientropy_rounds[result.outcome] = self.antientropy_rounds.get(result.outcome, 0) + 1
+        self.antientropy_bytes += result.bytes
+        self.antientropy_round_trips += result.round_trips
+        self.antientropy_differences["local_lacks"] += result.local_lacks
+        self.antientropy_differences["remote_lacks"] += result.remote_lacks
 
     # -- ledger events ---------------------------------------------------------------------------
 
@@ -137,7 +166,7 @@ class NodeMetrics:
         if not isinstance(event, LinkTransition):
             return
         if event.kind == "state" and event.state_to == LinkState.REPAIRING:
-            self.gap_repairs += 1
+            self.gap_repairs[event.reason] = self.gap_repairs.get(event.reason, 0) + 1
         elif event.kind == "checkpoint_rewind":
             self.checkpoint_rewinds += 1  # our checkpoint and the peer's copy disagreed (§4.4)
 
@@ -152,9 +181,17 @@ class NodeMetrics:
         """Every metric family, read now."""
         yield from self._link_families()
         repairs = CounterMetricFamily("sync_gap_repairs",
-                                      "Links that entered repairing (gap, epoch, overflow, a message not applied).")
-        repairs.add_metric([], self.gap_repairs)
+                                      "Links that entered repairing, by reason (gap, epoch, overflow, not applied).",
+                                      labels=["reason"])
+        for reason, n in sorted(self.gap_repairs.items()):
+            repairs.add_metric([reason], n)
         yield repairs
+        repaired = CounterMetricFamily("sync_gap_repair_messages",
+                                       "Messages fetched by a round's gap repairs, by reason.", labels=["reason"])
+        for reason, n in sorted(self.gap_repair_messages.items()):
+            repaired.add_metric([reason], n)
+        yield repaired
+        yield from self._anti_entropy_families()
         rewinds = CounterMetricFamily("sync_checkpoint_rewinds",
                                       "Checkpoints rewound to the peer's lower copy at a round's start.")
         rewinds.add_metric([], self.checkpoint_rewinds)
@@ -181,6 +218,27 @@ class NodeMetrics:
                     given = dict(key)
                     family.add_metric([given.get(k, "") for k in labels], value)
                 yield family
+
+    def _anti_entropy_families(self) -> Iterable[Metric]:
+        rounds = CounterMetricFamily("sync_antientropy_rounds", "Periodic anti-entropy checks of links, by outcome.",
+                                     labels=["outcome"])
+        for outcome, n in self.antientropy_rounds.items():
+            rounds.add_metric([outcome], n)
+        yield rounds
+        sent = CounterMetricFamily("sync_antientropy_bytes",
+                                   "Bytes both sides sent reconciling in anti-entropy checks (not messages moved).")
+        sent.add_metric([], self.antientropy_bytes)
+        yield sent
+        trips = CounterMetricFamily("sync_antientropy_round_trips", "Reconcile round trips of anti-entropy checks.")
+        trips.add_metric([], self.antientropy_round_trips)
+        yield trips
+        differences = CounterMetricFamily(
+            "sync_antientropy_differences",
+            "Messages anti-entropy checks found missing on one side (in the link's direction), before repair.",
+            labels=["side"])
+        for side, n in self.antientropy_differences.items():
+            differences.add_metric([side], n)
+        yield differences
 
     def _latency_family(self) -> HistogramMetricFamily:
         buckets: list[tuple[str, float]] = []

@@ -9,6 +9,9 @@ cancellation (an abrupt one):
   :func:`~p2psync.node.links.plan_links`; each link reconnects with its own backoff (the
   peer's, per ledger link) and, when the peer refuses or cannot be reached at all, the node's
   (per node link, :data:`LINK_RETRY_CAP` at most);
+- beside each link, once a round of it has caught up, a periodic anti-entropy check
+  (``Peer.reconcile`` with repair, in the link's direction, on a connection of its own) that
+  finds and moves what the log sync missed (p2psync/node/anti_entropy.py);
 - the metrics endpoint (when a port is configured);
 - a status file (when a path is given) that ``p2psync peers`` reads.
 
@@ -26,9 +29,9 @@ import logging
 import os
 import random
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
 
@@ -37,6 +40,13 @@ import trio
 from p2psync import blip, errors
 from p2psync.dwn.did import Identity
 from p2psync.dwn.store import Store
+from p2psync.node.anti_entropy import (
+    CHECK_TIMEOUT,
+    AntiEntropySchedule,
+    AntiEntropyStatus,
+    CheckResult,
+    check_result,
+)
 from p2psync.node.config import NodeConfig, TenantConfig
 from p2psync.node.discovery_api import (
     AUTO_CAPABILITY,
@@ -103,12 +113,19 @@ class NodeLink:
     failures: int = 0  # consecutive failed attempts; 0 again once a round has caught up
     last_error: str | None = None
     last_exc: BaseException | None = field(default=None, repr=False)
+    connections: int = 0  # connections its rounds opened
+    caught_up_on: int = 0  # the last of them whose round caught up (0: none yet)
+    #: set (and replaced) whenever a round on a new connection catches up: wakes anti-entropy
+    caught_up: trio.Event = field(default_factory=trio.Event)
+    anti_entropy: AntiEntropyStatus = field(default_factory=AntiEntropyStatus)
+    ae_failure: str | None = None  # the last anti-entropy failure's line, logged once
 
     def to_json(self) -> dict[str, Any]:
         spec = self.spec
         return {"peer": spec.label, "url": spec.url, "origin": spec.origin, "tenant": spec.tenant,
-                "scope": scope_label(spec.scope), "direction": spec.direction, "connected": self.conn is not None,
-                "storeId": self.remote_sid, "failures": self.failures, "lastError": self.last_error}
+                "scope": scope_label(spec.scope), "scopeId": spec.scope.scope_id, "direction": spec.direction,
+                "connected": self.conn is not None, "storeId": self.remote_sid, "failures": self.failures,
+                "lastError": self.last_error, "antiEntropy": self.anti_entropy.to_json()}
 
 
 @dataclass
@@ -137,6 +154,7 @@ class Node:
         shutdown_grace: float = SHUTDOWN_GRACE,
         rng: random.Random | None = None,
     ) -> None:
+        config.check()  # a NodeConfig built by hand, not by load_config, is checked here
         self.config = config
         self.store = store
         self.identity = identity
@@ -394,6 +412,12 @@ class Node:
         if link.failures and any(feeds):
             link.failures = 0  # healthy again: a round caught up
             self._status_dirty = True
+        # Caught up in every direction it moves: a sink when it pulls, a source when it pushes.
+        wanted = (link.spec.direction != "push") + (link.spec.direction != "pull")
+        if link.caught_up_on != link.connections and len(feeds) >= wanted and all(feeds):
+            link.caught_up_on = link.connections
+            link.caught_up.set()
+            link.caught_up = trio.Event()
 
     def _retire_unwanted(self, wanted: dict[NodeLinkKey, LinkSpec]) -> None:
         """Retire the running links ``wanted`` no longer holds, or holds with another URL or way."""
@@ -429,20 +453,29 @@ class Node:
 
     async def _supervise(self, link: NodeLink) -> None:
         """Run ``link`` until it is stopped or retired: a round (:meth:`_run_round`); when the
-        round gives up, record why and wait out the node's backoff, then a new round."""
+        round gives up, record why and wait out the node's backoff, then a new round. Its
+        anti-entropy (:meth:`_anti_entropy`) runs beside the rounds and ends with them."""
         try:
             with link.scope:
-                while not link.stop.is_set():
-                    failure = await self._run_round(link)
-                    if failure is None:
-                        self._round_ended(link)
-                        return
-                    if link.stop.is_set():
-                        return  # ended because we stop it: no failure
-                    self._record_failure(link, failure)
-                    await self._back_off(link, failure)
+                async with trio.open_nursery() as nursery:
+                    link.anti_entropy.enabled = self.config.anti_entropy
+                    if self.config.anti_entropy:
+                        nursery.start_soon(self._anti_entropy, link)
+                    await self._rounds(link)
+                    nursery.cancel_scope.cancel()
         finally:
             self._link_ended(link)
+
+    async def _rounds(self, link: NodeLink) -> None:
+        while not link.stop.is_set():
+            failure = await self._run_round(link)
+            if failure is None:
+                self._round_ended(link)
+                return
+            if link.stop.is_set():
+                return  # ended because we stop it: no failure
+            self._record_failure(link, failure)
+            await self._back_off(link, failure)
 
     async def _run_round(self, link: NodeLink) -> Exception | None:
         """One continuous sync of ``link``; the peer reconnects by itself (with its own backoff)
@@ -458,13 +491,18 @@ class Node:
             return exc
         return None
 
+    def _dial(self, link: NodeLink, handlers: dict[str, Any]) -> AbstractAsyncContextManager[blip.Connection]:
+        """A new connection to ``link``'s peer (its rounds' and its anti-entropy checks')."""
+        return blip.connect(link.spec.url, app_id=APP_ID, handlers=handlers)
+
     @asynccontextmanager
     async def _connect(self, link: NodeLink, handlers: dict[str, Any]) -> AsyncIterator[blip.Connection]:
-        """``blip.connect`` that tells the node which connection a link's round runs on, and
+        """:meth:`_dial` that tells the node which connection a link's round runs on, and
         sees every attempt's failure (the peer's reconnect loop retries most by itself)."""
         try:
-            async with blip.connect(link.spec.url, app_id=APP_ID, handlers=handlers) as conn:
+            async with self._dial(link, handlers) as conn:
                 link.conn = conn
+                link.connections += 1
                 self._poke()
                 try:
                     yield conn
@@ -506,6 +544,94 @@ class Node:
         log.info("link to %s: %s failure; retrying in %.0f s", link.spec.label, errors.disposition(failure).value,
                  delay)
         await trio.sleep(delay)
+
+    # -- a link's anti-entropy ---------------------------------------------------------------------
+
+    async def _anti_entropy(self, link: NodeLink) -> None:
+        """Check ``link`` against its peer every period (:class:`AntiEntropySchedule`), one
+        check at a time, from the first round of it that catches up until the link ends. A
+        round catching up on a new connection brings the interval back to the base."""
+        config, status = self.config, link.anti_entropy
+        schedule = AntiEntropySchedule(config.anti_entropy_interval, config.anti_entropy_jitter,
+                                       config.anti_entropy_max_interval, self._rng)
+        try:
+            await self._anti_entropy_loop(link, schedule)
+        finally:  # ended with the link: nothing scheduled any more
+            status.next_at, status.running = None, False
+            self._status_dirty = True
+
+    async def _anti_entropy_loop(self, link: NodeLink, schedule: AntiEntropySchedule) -> None:
+        status = link.anti_entropy
+        while link.caught_up_on == 0:
+            await link.caught_up.wait()
+        seen = link.caught_up_on
+        while not link.stop.is_set():
+            deadline = trio.current_time() + schedule.delay()
+            while True:
+                status.interval = schedule.interval
+                status.next_at = datetime.now(UTC) + timedelta(seconds=deadline - trio.current_time())
+                self._status_dirty = True
+                woken = link.caught_up
+                with trio.move_on_at(deadline):
+                    await woken.wait()
+                if link.caught_up_on == seen:
+                    break  # the deadline
+                seen = link.caught_up_on  # reconnected: the base interval from now, if sooner
+                schedule.reset()
+                deadline = min(deadline, trio.current_time() + schedule.delay())
+            if link.stop.is_set():
+                break
+            status.next_at, status.running = None, True
+            self._status_dirty = True
+            result = await self._check(link)
+            status.running = False
+            schedule.after(result.outcome)
+
+    async def _check(self, link: NodeLink) -> CheckResult:
+        """One anti-entropy check of ``link``: reconcile with repair in its direction, then
+        count, log and show its outcome. Never raises (but for cancellation): a failure is
+        logged once and the next period tries again."""
+        spec = link.spec
+        label = f"anti-entropy with {spec.label} for {spec.tenant} ({scope_label(spec.scope)})"
+        try:
+            with trio.fail_after(CHECK_TIMEOUT):
+                summary = await self.peer.reconcile(
+                    lambda handlers: self._dial(link, handlers), tenant=spec.tenant, scope=spec.scope,
+                    repair=True, direction=spec.direction,
+                )
+        except Exception as exc:  # the peer down, a refusal, a timeout: the next period retries
+            line = _failure_line(exc, spec.url)
+            if isinstance(exc, trio.TooSlowError):
+                line = f"{spec.url} did not finish the check in {CHECK_TIMEOUT:.0f} s"
+            if line is None:
+                line = f"{type(exc).__name__}: {exc}"
+                if line != link.ae_failure:
+                    log.error("%s failed unexpectedly", label, exc_info=exc)
+            elif line != link.ae_failure:
+                log.warning("%s failed: %s; retrying at the next period", label, line)
+            link.ae_failure = line
+            result = CheckResult("failed", detail=line)
+        else:
+            if link.ae_failure is not None:
+                log.info("%s works again", label)
+                link.ae_failure = None
+            result = check_result(summary, spec.direction)
+            moved = f"this node lacked {result.local_lacks}, the peer {result.remote_lacks}"
+            if result.outcome == "repaired":
+                log.info("%s: repaired (%s)", label, moved)
+            elif result.outcome == "unresolved":
+                previous = link.anti_entropy.last
+                level = logging.INFO if previous is not None and previous.outcome == "unresolved" else logging.WARNING
+                log.log(level, "%s: unresolved (%s): %s", label, moved, result.detail)
+            else:
+                log.debug("%s: equal (%d round trip(s), %d bytes)", label, result.round_trips, result.bytes)
+        status = link.anti_entropy
+        status.checks += 1
+        status.last_at = datetime.now(UTC)
+        status.last = result
+        self.metrics.anti_entropy_checked(result)
+        self._status_dirty = True
+        return result
 
     def _round_ended(self, link: NodeLink) -> None:
         """``link``'s round ended at its stop with the pair saved on both sides."""

@@ -2,8 +2,9 @@
 
 The peer calls these at a few points of its hot path, so an observer must be cheap and must
 never raise. The default, :data:`NO_OBSERVER`, does nothing. Link states, checkpoints and
-repairs are not reported here: they are ledger events (``Ledger.add_listener``) and ledger
-rows, read where they are needed.
+links entering ``repairing`` are not reported here: they are ledger events
+(``Ledger.add_listener``) and ledger rows, read where they are needed. What a repair moved is
+(:meth:`SyncObserver.gap_repaired`): the ledger does not know it.
 """
 
 from __future__ import annotations

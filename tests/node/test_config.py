@@ -36,6 +36,8 @@ def test_defaults_are_todays_serve() -> None:
     assert (config.host, config.port) == (DEFAULT_HOST, DEFAULT_PORT) == ("127.0.0.1", 4984)
     assert not config.discovery_enabled  # loopback: nothing to advertise
     assert config.metrics_port is None and not config.auto and not config.peers
+    assert config.anti_entropy and config.anti_entropy_interval == 45  # every 30-60 s
+    assert config.anti_entropy_jitter == pytest.approx(1 / 3) and config.anti_entropy_max_interval == 600
     [tenant] = config.tenants_for(DID_A)
     assert tenant == TenantConfig(DID_A, "both", (SyncScope.global_scope(),))
 
@@ -50,6 +52,8 @@ def test_the_documented_example_parses() -> None:
     assert config.tenants[0].did is None  # the node's own
     assert config.tenants[1].scopes[0] == SyncScope.for_protocol("https://example.org/protocols/notes")
     assert [p.url for p in config.peers] == ["ws://192.168.1.20:4984/_p2psync"]
+    assert config.anti_entropy and (config.anti_entropy_interval, config.anti_entropy_max_interval) == (45, 600)
+    assert config.anti_entropy_jitter == 0.33
 
 
 def test_precedence_flags_over_environment_over_file(tmp_path: Path) -> None:
@@ -119,6 +123,15 @@ def test_config_file_from_the_environment(tmp_path: Path) -> None:
         ("[[peer]]\nurl = 'wss://x:1/'\n", "node.toml: peer[0].url: wss://x:1/: wss:// is not supported yet"),
         ("[[peer]]\nurl = 'ws://x:1/'\n[[peer]]\nurl = 'ws://x:1/'\n", "node.toml: peer: ws://x:1/ is listed twice"),
         ("tenant = 3\n", "node.toml: tenant: must be an array of tables ([[tenant]])"),
+        ("[anti_entropy]\nintervall = 30\n", "node.toml: anti_entropy.intervall: unknown key"),
+        ("[anti_entropy]\ninterval = 0.1\n", "node.toml: anti_entropy.interval: must be at least 1 second(s)"),
+        ("[anti_entropy]\ninterval = '45'\n", "node.toml: anti_entropy.interval: must be a number (without quotes)"),
+        ("[anti_entropy]\ninterval = true\n", "node.toml: anti_entropy.interval: must be a number, not True"),
+        ("[anti_entropy]\njitter = 1.0\n", "node.toml: anti_entropy.jitter: must be a fraction from 0 to below 1"),
+        ("[anti_entropy]\njitter = -0.1\n", "node.toml: anti_entropy.jitter: must be a fraction from 0 to below 1"),
+        ("[anti_entropy]\nmax_interval = inf\n", "node.toml: anti_entropy.max_interval: must be a number, not inf"),
+        ("[anti_entropy]\nenabled = 'no'\n", "node.toml: anti_entropy.enabled: must be true or false (without"),
+        ("anti_entropy = 45\n", "node.toml: anti_entropy: must be a table"),
         ("[listen\n", "node.toml: not valid TOML"),
     ],
 )
@@ -137,6 +150,9 @@ def test_file_errors_name_the_key(tmp_path: Path, text: str, message: str) -> No
         ({"P2PSYNC_PEERS": "ws://a:1/ ftp://b/"}, "environment: P2PSYNC_PEERS: ftp://b/ is not a ws:// URL"),
         ({"P2PSYNC_TENANTS": "did:x:1,bob"}, "environment: P2PSYNC_TENANTS: 'bob' is not a DID"),
         ({"P2PSYNC_METRICS_PORT": "-1"}, "environment: P2PSYNC_METRICS_PORT: must be a TCP port"),
+        ({"P2PSYNC_ANTI_ENTROPY": "sometimes"}, "environment: P2PSYNC_ANTI_ENTROPY: must be true or false"),
+        ({"P2PSYNC_ANTI_ENTROPY_INTERVAL": "often"}, "environment: P2PSYNC_ANTI_ENTROPY_INTERVAL: must be a number"),
+        ({"P2PSYNC_ANTI_ENTROPY_JITTER": "2"}, "environment: P2PSYNC_ANTI_ENTROPY_JITTER: must be a fraction"),
     ],
 )
 def test_environment_errors_name_the_variable(env: dict[str, str], message: str) -> None:
@@ -167,3 +183,31 @@ def test_every_environment_variable_is_documented() -> None:
     guide = (ROOT / "docs" / "operator.md").read_text()
     for name in ENV_VARS:
         assert f"`{name}`" in guide, name
+
+
+def test_anti_entropy_settings_by_layer_and_checked_together(tmp_path: Path) -> None:
+    path = write(tmp_path, "[anti_entropy]\ninterval = 30\njitter = 0\nmax_interval = 120\n")
+    config = load_config(path, env={})
+    assert (config.anti_entropy, config.anti_entropy_interval, config.anti_entropy_jitter,
+            config.anti_entropy_max_interval) == (True, 30, 0, 120)
+    env = {"P2PSYNC_ANTI_ENTROPY": "off", "P2PSYNC_ANTI_ENTROPY_INTERVAL": "90.5",
+           "P2PSYNC_ANTI_ENTROPY_MAX_INTERVAL": "900"}
+    config = load_config(path, env=env)
+    assert not config.anti_entropy and config.anti_entropy_interval == 90.5
+    assert config.anti_entropy_max_interval == 900 and config.anti_entropy_jitter == 0  # the file's
+    # Each value may be fine on its own and wrong together: checked once the layers are merged.
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, "[anti_entropy]\nmax_interval = 30\n"), env={})
+    assert str(info.value) == ("configuration: anti_entropy.max_interval: must be at least anti_entropy.interval "
+                               "(45), not 30")
+    with pytest.raises(ConfigError, match=r"must be at least anti_entropy.interval \(120\), not 60"):
+        load_config(path, env={"P2PSYNC_ANTI_ENTROPY_INTERVAL": "120", "P2PSYNC_ANTI_ENTROPY_MAX_INTERVAL": "60"})
+
+
+def test_a_node_checks_a_configuration_built_by_hand(tmp_path: Path) -> None:
+    from p2psync.node.node import Node
+    from tests.peer.support import new_store, seeded
+
+    config = NodeConfig(anti_entropy_interval=60, anti_entropy_max_interval=30)
+    with pytest.raises(ConfigError, match=r"anti_entropy.max_interval: must be at least"):
+        Node(config, new_store(tmp_path, "n"), seeded("config-by-hand"))

@@ -1,11 +1,13 @@
-"""NodeMetrics on its own: the hooks' counters, ledger events, and the exposition format."""
+"""NodeMetrics on its own: the hooks' counters, ledger events, anti-entropy checks, and the
+exposition format."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from p2psync.dwn.replication_types import Grant, InitialWrite, Parent
-from p2psync.node.metrics import LATENCY_BUCKETS_MS, METRIC_NAMES, NodeMetrics
+from p2psync.node.anti_entropy import CheckResult
+from p2psync.node.metrics import GAP_REASONS, LATENCY_BUCKETS_MS, METRIC_NAMES, NodeMetrics
 from p2psync.replication.scope import SyncScope
 from p2psync.state.ledger import Ledger, LinkState
 from tests.node.support import metric_samples
@@ -36,6 +38,12 @@ def test_hooks_ledger_events_and_exposition(tmp_path: Path) -> None:
     ledger.transition(link.key, LinkState.LIVE, reason="caught_up")
     ledger.transition(link.key, LinkState.REPAIRING, reason="progress_gap")
     ledger.record_failure(link.key, "503 ConnectionLost")
+    metrics.gap_repaired("progress_gap", 3, 0)  # what the round's repair fetched
+    metrics.gap_repaired("progress_gap", 0, 0)
+    metrics.gap_repaired("never_linked", 4, 2)  # a first sync reconciled: no ledger transition
+    metrics.anti_entropy_checked(CheckResult("equal", round_trips=1, bytes=75))
+    metrics.anti_entropy_checked(CheckResult("repaired", local_lacks=2, remote_lacks=1, round_trips=2, bytes=900))
+    metrics.anti_entropy_checked(CheckResult("failed", detail="cannot connect"))
 
     body, content_type = metrics.exposition()
     assert content_type.startswith("text/plain")
@@ -51,7 +59,17 @@ def test_hooks_ledger_events_and_exposition(tmp_path: Path) -> None:
     assert abs(total - 30.5) < 1e-6
     assert dict((s["class"], v) for s, v in samples["sync_closure_missing_total"]) == {
         "Grant": 1, "InitialWrite": 2, "Parent": 1}
-    assert samples["sync_gap_repairs_total"] == [({}, 2.0)]
+    repairs = {s["reason"]: v for s, v in samples["sync_gap_repairs_total"]}
+    # A gap counted once, by the ledger; a first sync's reconciliation by the round.
+    assert repairs == {**dict.fromkeys(GAP_REASONS, 0.0), "progress_gap": 2.0, "never_linked": 1.0}
+    assert {s["reason"]: v for s, v in samples["sync_gap_repair_messages_total"]} == {
+        "progress_gap": 3.0, "never_linked": 6.0}
+    assert {s["outcome"]: v for s, v in samples["sync_antientropy_rounds_total"]} == {
+        "equal": 1, "repaired": 1, "unresolved": 0, "failed": 1}
+    assert {s["side"]: v for s, v in samples["sync_antientropy_differences_total"]} == {
+        "local_lacks": 2, "remote_lacks": 1}
+    assert samples["sync_antientropy_round_trips_total"] == [({}, 3.0)]
+    assert samples["sync_antientropy_bytes_total"] == [({}, 975.0)]
     labels = {"tenant": TENANT, "remote": REMOTE, "scope": "https://example.org/notes"}
     states = {s["state"]: v for s, v in samples["sync_link_state"]}
     assert states == {"initial": 0, "live": 0, "degraded_poll": 0, "repairing": 1, "paused": 0}
@@ -63,4 +81,4 @@ def test_hooks_ledger_events_and_exposition(tmp_path: Path) -> None:
     metrics.close()
     ledger.transition(link.key, LinkState.LIVE, reason="caught_up")
     ledger.transition(link.key, LinkState.REPAIRING, reason="progress_gap")
-    assert metrics.gap_repairs == 2  # no longer listening
+    assert metrics.gap_repairs["progress_gap"] == 2  # no longer listening

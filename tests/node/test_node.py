@@ -192,7 +192,9 @@ async def test_metrics_over_http(tmp_path: Path) -> None:
     [(_, observed)] = samples["sync_apply_latency_ms_count"]
     assert observed == 6
     assert samples["sync_inflight_events"] == [({}, 0.0)]
-    assert samples["sync_gap_repairs_total"] == [({}, 0.0)]
+    assert {v for _, v in samples["sync_gap_repairs_total"]} == {0.0}
+    assert {s["outcome"] for s, _ in samples["sync_antientropy_rounds_total"]} == {
+        "equal", "repaired", "unresolved", "failed"}
     assert ({"connected": "true", "origin": "static"}, 1.0) in samples["sync_node_links"]
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import trio
 
-from p2psync.node.browse import node_status, peers_lines, run_peers
+from p2psync.node.browse import anti_entropy_line, node_status, peers_lines, run_peers
 from p2psync.node.discovery_api import AdvertInfo
 from p2psync.node.node import Node
 from tests.node.fakes import FakeLan
@@ -76,8 +76,23 @@ async def test_the_running_node_status_file(tmp_path: Path) -> None:
         assert link["lastError"].startswith(f"cannot connect to {unreachable}")
         text = "\n".join(peers_lines([], status, 1))
         assert f"link {unreachable}: {ALICE.did} (global, both), not connected" in text
+        # Its anti-entropy waits for a round that catches up.
+        assert link["antiEntropy"]["checks"] == 0 and link["antiEntropy"]["nextCheck"] is None
+        assert "    anti-entropy: no check yet; first once the link's round catches up" in text
         node.stop()
     assert not status_path.exists()
+
+
+def test_the_anti_entropy_line() -> None:
+    shown = {"enabled": True, "checks": 3, "lastCheck": "2031-01-01T00:00:00+00:00", "outcome": "unresolved",
+             "localLacks": 2, "remoteLacks": 0, "roundTrips": 2, "bytes": 900, "detail": "2 deferred",
+             "nextCheck": None, "running": True}
+    line = anti_entropy_line(shown)
+    assert line is not None and line.startswith("anti-entropy: last check ")
+    assert line.endswith(": unresolved (this node lacked 2, the peer 0; 2 round trip(s), 900 bytes): 2 deferred; "
+                         "running now")
+    assert anti_entropy_line({"enabled": False}) == "anti-entropy off"
+    assert anti_entropy_line(None) is None  # a status file written before anti-entropy
 
 
 def test_a_dead_node_status_file_is_ignored(tmp_path: Path) -> None:
