@@ -169,6 +169,9 @@ async def test_gap_repairs_and_goes_live(tmp_path: Path) -> None:
     assert ("state", "repairing") in kinds and ("checkpoint_reset", "repairing") in kinds
     assert kinds[-1] == ("state", "live")
     assert summary.state == "live"
+    # Reconciled, not replayed: the 2 new messages fetched by CID, the 8 held never listed.
+    assert summary.pull is not None
+    assert summary.pull.reconciled == 2 and summary.pull.revs_received == 0 and summary.pull.items_offered == 0
     pull, _ = active.ledger.get_checkpoint(key, Direction.PULL)
     assert pull.contiguous_applied_token is not None and pull.contiguous_applied_token.epoch.endswith("e90c")
     assert_same(a, b, ALICE)
