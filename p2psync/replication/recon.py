@@ -77,9 +77,10 @@ DIGEST_BYTES: Final = 16
 OPENING_SYMBOLS: Final = 1
 #: At most this many in an opening (a responder peels them synchronously).
 MAX_OPENING_SYMBOLS: Final = 64
-#: The highest symbol index anyone asks for: 2^20 symbols decode ~700,000 differences; past
-#: that, replaying the log is cheaper than reconciling (13.6 MB of symbols).
-MAX_SYMBOL_INDEX: Final = 1 << 20
+#: The highest symbol index anyone asks for: 2^18 symbols decode ~190,000 differences (3.4 MB
+#: of symbols); past that, replaying the log is cheaper than reconciling. It also bounds what a
+#: dishonest responder can make an initiator hold: ~30 MB of decoder state.
+MAX_SYMBOL_INDEX: Final = 1 << 18
 #: Symbols per reply: 131,072 × 13 bytes ≈ 1.7 MB, under the BLIP message limit with room.
 MAX_REPLY_SYMBOLS: Final = 1 << 17
 #: First symbol request = MARGIN × estimated difference + SLACK. Measured at d = 100 over 200
@@ -372,8 +373,8 @@ class Reconciliation:
                                                "(a short-id collision)")
             self._finish(ReconResult(False, list(remote_only), list(local_only)))
             return None
-        if hi >= MAX_SYMBOL_INDEX:
-            refuse(422, "ReconcileFailed", f"not decoded within {MAX_SYMBOL_INDEX} symbols")
+        if hi >= self._limit():
+            refuse(422, "ReconcileFailed", f"not decoded within {hi} symbols")
         return self._ask(hi, min(MAX_SYMBOL_INDEX, hi + max(SLACK, min(MAX_REPLY_SYMBOLS, math.ceil(hi * GROWTH)))))
 
     def _after_opening(self, reply: dict[str, Any]) -> dict[str, Any] | None:
@@ -394,6 +395,11 @@ class Reconciliation:
         self._estimate = estimate_difference(self.local.lanes(), self.local.count, lanes, self._remote_count)
         hi = min(MAX_SYMBOL_INDEX, SLACK + math.ceil(MARGIN * max(2.0, self._estimate)))
         return self._ask(0, hi)
+
+    def _limit(self) -> int:
+        """No honest decode needs more than ~2 symbols per difference, and the difference is at
+        most both sets: past 3 × (n_local + n_remote) + 64 the stream is not a set's."""
+        return min(MAX_SYMBOL_INDEX, 3 * (self.local.count + self._remote_count) + 64)
 
     def _check_version(self, reply: dict[str, Any]) -> None:
         version = reply.get("v")
