@@ -13,7 +13,9 @@ wire. One line per run on stdout:
 properties (``Profile: reconcile`` on requests), CBOR body and the 4-byte CRC of each single-frame
 message (WebSocket framing, 2–4 bytes a message, is not counted; nor are the messages fetched
 afterwards). ``seconds`` is the exchange only; building the two sketches (what a replica keeps
-up to date as messages come and go) is printed on stderr with the estimate and the rounds.
+up to date as messages come and go) is printed on stderr with the estimate, and the exchange's
+time in Ed25519 verifications (the yardstick, measured in the same run): machines of this kind
+differ 2–3× in speed, bytes and round trips not at all.
 """
 
 from __future__ import annotations
@@ -33,10 +35,13 @@ from p2psync.replication.lthash import LtHash  # noqa: E402
 from p2psync.replication.recon import PROFILE, MemorySet, Reconciliation, answer  # noqa: E402
 from p2psync.replication.riblt import Coder, Sketch  # noqa: E402
 from p2psync.replication.wire import decode_body, encode_body  # noqa: E402
+from tests.bench.bench_engine import verify_rate  # noqa: E402
 
 DAG_CBOR = 0x71
 #: What a replica keeps: the first 2^15 symbols (decodes ~16,000 differences without a scan).
 SKETCH_SIZE = 1 << 15
+#: The yardstick, measured at start (Ed25519 verifications per second on one core).
+VERIFIES = 1.0
 
 
 def make_cids(n: int, rng: random.Random) -> list[str]:
@@ -78,7 +83,8 @@ def run(n: int, d: int, seed: int) -> str:
     assert result is not None
     exact = (sorted(result.remote_only) == sorted(coder.key(c).id for c in b_only)
              and sorted(result.local_only) == sorted(coder.key(c).id for c in a_only))
-    print(f"# estimate {result.estimate} symbols {result.symbols}", file=sys.stderr)
+    print(f"# estimate {result.estimate} symbols {result.symbols}; the exchange took "
+          f"{seconds * VERIFIES:,.0f} Ed25519-verify-times of CPU (V = {VERIFIES:,.0f}/s)", file=sys.stderr)
     return (f"recon: n={n} d={d} round_trips={result.round_trips} bytes={total} "
             f"seconds={seconds:.4f} exact={'yes' if exact else 'no'}")
 
@@ -92,6 +98,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.d > 2 * args.n:
         parser.error("--d is at most 2 × --n")
+    global VERIFIES
+    VERIFIES = verify_rate()
+    print(f"# yardstick: Ed25519 verify {VERIFIES:,.0f}/s on one core now (V)", file=sys.stderr)
     for k in range(args.runs):
         print(run(args.n, args.d, args.seed + k), flush=True)
 
