@@ -89,8 +89,10 @@ def repair_lines(summary: ReconcileSummary, direction: Direction, held: int) -> 
         counts = ", ".join(f"{n:,} {status.replace('_', ' ')}" for status, n in fetched.counts().items())
         line = (f"fetched {_plural(len(fetched.outcomes), 'message')}: {counts}; {fetched.stored:,} stored, "
                 f"{human_bytes(fetched.stats.bytes_received)} received")
-        extra = [f"{n:,} {what}" for n, what in ((fetched.stats.dependencies_fetched, "dependencies fetched"),
-                                                 (fetched.stats.attachments_fetched, "attachments fetched")) if n]
+        stats = fetched.stats
+        extra = [f"{n:,} {one if n == 1 else many} fetched"
+                 for n, one, many in ((stats.dependencies_fetched, "dependency", "dependencies"),
+                                      (stats.attachments_fetched, "attachment", "attachments")) if n]
         lines.append(line + ("; " + ", ".join(extra) if extra else ""))
         for o in fetched.outcomes:
             if not o.repaired:
