@@ -99,10 +99,20 @@ def test_diff_names_the_missing_messages_then_sync_repair_moves_exactly_those(
         assert out.startswith("equal: 15 messages each (1 round trip, ") and out.count("\n") == 1
         assert json.loads(run(capsys, b, "diff", served.url, "--json")[1])["equal"] is True
 
+        # Both nodes' sketches took the moved messages as changes: a new difference decodes at
+        # the first attempt, with the right counts.
+        late = plain_writes(capsys, a, "late", 1)
+        code, out, _ = run(capsys, b, "diff", served.url, "--json")
+        after = json.loads(out)
+        assert code == 3 and after["attempts"] == 1
+        assert (after["localCount"], after["remoteCount"], after["youLack"], after["theyLack"]) == (15, 16, 1, 0)
+        assert [d["cid"] for d in after["remoteOnly"]] == list(late)
+        assert run(capsys, b, "sync", served.url, "--repair")[0] == 0
+
         # Once equal, a repair moves nothing and says so.
         code, out, err = run(capsys, b, "sync", served.url, "--repair", "--both")
         assert code == 0, err
-        assert "nothing to repair: 15 messages each" in out and "equal now: 15 messages each" in out
+        assert "nothing to repair: 16 messages each" in out and "equal now: 16 messages each" in out
         assert "fetched" not in out and "took" not in out
 
 
