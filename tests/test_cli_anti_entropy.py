@@ -8,12 +8,22 @@ devices of one tenant share a history (a log sync), then each gets writes of its
 from __future__ import annotations
 
 import json
+import queue
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
+from p2psync.cli.home import Home
 from p2psync.demo import NOTES_PROTOCOL
+from p2psync.dwn.store import Store
+from p2psync.peer.peer import Peer
+from tests.peer.support import Clock, seeded, served
+from tests.peer.support import write_notes as store_notes
 from tests.test_cli_sync import digest, free_port, run, run_json, serving, two_devices, write_notes
 
 PROTOCOL = NOTES_PROTOCOL["protocol"]
@@ -133,19 +143,19 @@ def test_sync_repair_human_summary_progress_and_one_way(tmp_path: Path, capsys: 
         assert " msg" in err and "Traceback" not in err  # the forced bar went to stderr
         assert digest(capsys, a) == digest(capsys, b)
 
-        # Now b holds two a lacks: a pull-only repair cannot hand them over, and says what to do.
+        # Now b holds two a lacks: a pull-only repair has nothing to do in its direction; it
+        # is done (exit 0) and says the replicas are not equal, and what would move the rest.
         b_new = plain_writes(capsys, b, "b late", 2)
         code, out, err = run(capsys, b, "sync", served.url, "--repair")
-        assert code == 3
+        assert code == 0 and err == ""
         assert "handed over nothing: --pull does not hand over the 2 messages they lack (use --both)" in out
-        assert "still different: " in out
-        assert err.startswith("p2psync: the replicas still differ: ") and err.count("\n") == 1
-        assert "--both" in err
+        assert out.splitlines()[-1] == "done one way, not equal: they still lack 2 messages (--both moves them)"
+        assert json.loads(run(capsys, b, "sync", served.url, "--repair", "--json")[1])["equal"] is False
         assert not set(b_new) & set(_cids(capsys, a, did))
 
         code, out, err = run(capsys, b, "sync", served.url, "--repair", "--push")
         assert code == 0, err
-        assert "the peer took 2 messages: 2 Applied" in out and "equal now: 9 messages each" in out
+        assert "handed over 2 messages: the peer took 2 (2 Applied)" in out and "equal now: 9 messages each" in out
         assert digest(capsys, a) == digest(capsys, b)
     assert set(a_new) <= set(_cids(capsys, b, did))
 
@@ -154,6 +164,53 @@ def _cids(capsys: pytest.CaptureFixture[str], home: Path, did: str) -> list[str]
     """The message CIDs of the records ``home`` holds of its own tenant ``did`` (``query``)."""
     records: list[dict[str, Any]] = run_json(capsys, home, "query", "--json", "--tenant", did)
     return [str(r.get("messageCid")) for r in records]
+
+
+@contextmanager
+def serving_in_a_thread(peer: Peer) -> Iterator[str]:
+    """``peer`` served on 127.0.0.1 by a trio loop of its own (for a peer ``serve`` cannot
+    configure); yields its URL."""
+    urls: queue.Queue[str] = queue.Queue()
+    stop = threading.Event()
+
+    async def serve() -> None:
+        async with served(peer) as url:
+            urls.put(url)
+            while not stop.is_set():
+                await trio.sleep(0.02)
+
+    thread = threading.Thread(target=trio.run, args=(serve,), daemon=True)
+    thread.start()
+    try:
+        yield urls.get(timeout=30)
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+
+
+def test_a_difference_the_repair_cannot_mend_exits_3(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # A peer that takes no pushes: what it lacks stays, whatever --both asks.
+    alice = seeded("cli-anti-entropy")
+    clock = Clock()
+    a = Store(tmp_path / "a.db")
+    store_notes(a, alice, 3, clock=clock, prefix="a")
+    b = tmp_path / "b"
+    Home(b).init(alice)
+    store = Store(Home(b).store_path)
+    store_notes(store, alice, 2, clock=clock, prefix="b")
+    store.close()
+    with serving_in_a_thread(Peer(a, alice, accept_push=False)) as url:
+        code, out, err = run(capsys, b, "sync", url, "--repair", "--both")
+        assert code == 3
+        assert "fetched 3 messages: 3 applied" in out
+        assert "handed over 2 messages: the peer took 0; 2 PushRefused" in out
+        assert out.splitlines()[-1].startswith("still different: ")
+        assert err.startswith("p2psync: the replicas still differ: ") and err.count("\n") == 1
+        code, out, _ = run(capsys, b, "sync", url, "--repair", "--both", "--json")
+        summary = json.loads(out)
+        assert code == 3 and summary["equal"] is False and summary["unresolved"]
+        assert summary["pushed"] == {"PushRefused": 2} and summary["youLack"] == 0
+    a.close()
 
 
 # --------------------------------------------------------------------------- protocol scope

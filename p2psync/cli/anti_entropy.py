@@ -16,7 +16,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
-from typing import Any, TextIO
+from typing import Any, Final, TextIO
 
 import trio
 from tqdm import tqdm
@@ -31,6 +31,7 @@ from p2psync.peer.peer import Peer, ReconcileSummary, RepairProgress
 from p2psync.replication.scope import SyncScope
 
 __all__ = [
+    "TAKEN_KINDS",
     "cmd_diff",
     "cmd_sync_or_repair",
     "diff_lines",
@@ -38,6 +39,10 @@ __all__ = [
     "run_diff",
     "run_sync_repair",
 ]
+
+
+#: The peer's answers to a handed-over message after which it holds it (or a newer state).
+TAKEN_KINDS: Final = frozenset({"Applied", "Duplicate", "Superseded"})
 
 
 def _plural(n: int, word: str) -> str:
@@ -101,9 +106,15 @@ def repair_lines(summary: ReconcileSummary, direction: Direction, held: int) -> 
         lines.append(f"fetched nothing: --push does not fetch the {_plural(len(summary.remote_only), 'message')} "
                      "you lack")
     if summary.pushed:
-        taken = sum(summary.pushed.values())
-        lines.append(f"the peer took {_plural(taken, 'message')}: "
-                     + ", ".join(f"{n:,} {kind}" for kind, n in summary.pushed.items()))
+        took = {k: n for k, n in summary.pushed.items() if k in TAKEN_KINDS}
+        others = {k: n for k, n in summary.pushed.items() if k not in TAKEN_KINDS}
+        line = (f"handed over {_plural(sum(summary.pushed.values()), 'message')}: the peer took "
+                f"{sum(took.values()):,}")
+        if took:
+            line += " (" + ", ".join(f"{n:,} {kind}" for kind, n in took.items()) + ")"
+        if others:
+            line += "; " + ", ".join(f"{n:,} {kind}" for kind, n in others.items())
+        lines.append(line)
     elif summary.local_only and direction == "pull":
         lines.append(f"handed over nothing: --pull does not hand over the "
                      f"{_plural(len(summary.local_only), 'message')} they lack (use --both)")
@@ -111,9 +122,19 @@ def repair_lines(summary: ReconcileSummary, direction: Direction, held: int) -> 
                  f"{summary.seconds:.2f} s in all")
     if summary.equal:
         lines.append(f"equal now: {_plural(held, 'message')} each")
+    elif _one_way_done(summary, direction):
+        other = (f"they still lack {_plural(len(summary.local_only), 'message')}" if direction == "pull"
+                 else f"you still lack {_plural(len(summary.remote_only), 'message')}")
+        lines.append(f"done one way, not equal: {other} (--both moves them)")
     else:
         lines.append(f"still different: {summary.unresolved or 'the replicas differ'}")
     return lines
+
+
+def _one_way_done(summary: ReconcileSummary, direction: Direction) -> bool:
+    """A ``--pull`` or ``--push`` repair moved all it could: what still differs is only what its
+    direction does not move (the summary then has no ``unresolved``)."""
+    return direction != "both" and not summary.equal and summary.unresolved is None
 
 
 def _reconcile(
@@ -207,8 +228,9 @@ def run_sync_repair(
     err: TextIO | None = None,
 ) -> int:
     """Reconcile with the peer at ``url`` and move exactly the missing messages (``direction``
-    says which way); print the outcome; 0 when the replicas are equal afterwards,
-    :data:`EXIT_INCOMPLETE` when a difference stayed."""
+    says which way); print the outcome; 0 when the replicas are equal afterwards, or when a
+    one-way repair left only what its direction does not move; :data:`EXIT_INCOMPLETE` when a
+    difference it should have mended stayed (``unresolved``)."""
     stdout = out if out is not None else sys.stdout
     stderr = err if err is not None else sys.stderr
     check_url(url)
@@ -226,10 +248,9 @@ def run_sync_repair(
         # What this replica holds now (the maintained count, no scan): both hold it when equal.
         held = peer.service.sketches.view(tenant, scope).count
         print("\n".join(repair_lines(summary, direction, held)), file=stdout)
-    if summary.equal:
+    if summary.equal or _one_way_done(summary, direction):
         return EXIT_OK
-    advice = "" if direction == "both" else f"; --{direction} moves messages one way only (--both: both ways)"
-    print(f"p2psync: the replicas still differ: {summary.unresolved or 'unknown reason'}{advice}", file=stderr)
+    print(f"p2psync: the replicas still differ: {summary.unresolved or 'unknown reason'}", file=stderr)
     return EXIT_INCOMPLETE
 
 
