@@ -7,7 +7,8 @@ A package at the top of p2psync: it imports the layers below and nothing imports
 ``python -m p2psync`` and the ``p2psync`` console script). :mod:`~p2psync.cli.common` holds the
 one-line error and the data-directory helpers; the commands live by topic in
 :mod:`~p2psync.cli.local` (the node's own store), :mod:`~p2psync.cli.sync` (serve, peers,
-sync, status, grant sync), :mod:`~p2psync.cli.repair`, :mod:`~p2psync.cli.pipeline` (export
+sync, status, grant sync), :mod:`~p2psync.cli.repair`, :mod:`~p2psync.cli.anti_entropy` (diff, sync
+--repair), :mod:`~p2psync.cli.pipeline` (export
 and the Spark jobs) and :mod:`~p2psync.cli.tools` (demo, dwn pipe, blip echo).
 :mod:`~p2psync.cli.home` (the data directory) and :mod:`~p2psync.cli.extras` (advice for a
 missing optional extra) are used by the commands only, so they live here too.
@@ -21,6 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from p2psync import __version__
+from p2psync.cli.anti_entropy import cmd_diff, cmd_sync_or_repair
 from p2psync.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, NODE_STATUS_FILE, CliError
 from p2psync.cli.local import (
     cmd_init,
@@ -34,7 +36,7 @@ from p2psync.cli.local import (
 )
 from p2psync.cli.pipeline import register as register_pipeline
 from p2psync.cli.repair import cmd_repair
-from p2psync.cli.sync import cmd_grant_sync, cmd_peers, cmd_serve, cmd_status, cmd_sync
+from p2psync.cli.sync import cmd_grant_sync, cmd_peers, cmd_serve, cmd_status
 from p2psync.cli.tools import cmd_blip_echo, cmd_demo, cmd_dwn_pipe, cmd_sim
 from p2psync.node.config import DEFAULT_HOST, DEFAULT_PORT
 from p2psync.sim import cli as sim_cli
@@ -122,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--interface", action="append", metavar="IP", help="browse on this address only (repeat)")
     sp.add_argument("--json", action="store_true", help="machine-readable output")
 
-    sp = add("sync", cmd_sync, "replicate a tenant with the peer at URL (ws://host:port/_p2psync)")
+    sp = add("sync", cmd_sync_or_repair, "replicate a tenant with the peer at URL (ws://host:port/_p2psync)")
     sp.add_argument("url")
     sp.add_argument("--store")
     way = sp.add_mutually_exclusive_group()
@@ -131,12 +133,24 @@ def build_parser() -> argparse.ArgumentParser:
     way.add_argument("--both", dest="direction", action="store_const", const="both", help="both ways at once")
     sp.set_defaults(direction="pull")
     sp.add_argument("--continuous", action="store_true", help="keep replicating until Ctrl-C")
+    sp.add_argument("--repair", action="store_true",
+                    help="reconcile and move exactly the missing messages instead of reading the log "
+                         "(exit 3 when the replicas still differ)")
     sp.add_argument("--tenant", help="the tenant to replicate (default: your own DID)")
     sp.add_argument("--protocol", metavar="URL", help="replicate only this protocol's records")
     sp.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     sp.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                     help="progress bar on stderr (default: only when stderr is a terminal)")
     sp.add_argument("-v", "--verbose", action="store_true", help="log link state changes and retries to stderr")
+
+    sp = add("diff", cmd_diff, "what this replica and the peer at URL each lack, changing nothing "
+             "(exit 3 when they differ)")
+    sp.add_argument("url")
+    sp.add_argument("--store")
+    sp.add_argument("--tenant", help="the tenant to compare (default: your own DID)")
+    sp.add_argument("--protocol", metavar="URL", help="compare only this protocol's records")
+    sp.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    sp.add_argument("-v", "--verbose", action="store_true", help="log p2psync's info messages to stderr")
 
     sp = add("repair", cmd_repair, "fetch the messages a reconcile plan says this replica lacks from the peer "
              "at --peer (exit 3 when some could not be repaired)")
