@@ -164,6 +164,7 @@ class _AntiEntropy:
         s = self.summary
         coder = Coder()
         tried: set[str] = set()  # CIDs a repair already went for
+        counted = False
         for attempt in range(1, MAX_ATTEMPTS + 1):
             s.attempts = attempt
             try:
@@ -174,7 +175,8 @@ class _AntiEntropy:
                 if exc.name == "ReconcileFailed":  # a collision, maybe: another salt
                     coder = Coder(salt=secrets.token_bytes(SALT_BYTES))
                 continue
-            if attempt == 1:
+            if not counted:  # the first exchange that got through (an attempt may have failed)
+                counted = True
                 s.local_count, s.remote_count = self._local_count(coder), result.remote_count
                 s.estimate = result.estimate
             if result.equal:
