@@ -35,7 +35,7 @@ from p2psync.peer.repair import (
     RepairSummary,
     WantedMessage,
     _Repair,
-    one_off_checkpoint_id,
+    one_off_collection,
 )
 from p2psync.peer.session import PeerSession
 from p2psync.replication.recon import (
@@ -136,15 +136,9 @@ async def reconcile_with(
     """
     scope = scope or SyncScope.global_scope()
     started = time.monotonic()
-    async with connect(peer.handlers(active=True)) as conn:
-        session = peer.session_for(conn, active=True)
-        await session.hello()
-        assert session.theirs is not None
-        remote = f"{session.theirs.did}?storeId={session.theirs.store_id}"
-        index, _ = await session.run(session.proto.open_collection(tenant, scope, one_off_checkpoint_id()))
+    async with one_off_collection(peer, connect, tenant, scope) as (session, index, remote):
         summary = ReconcileSummary(tenant, remote, scope)
         await _AntiEntropy(peer, sketches, session, index, summary, on_progress).run(repair, pull, push)
-        await conn.aclose()
     summary.seconds = time.monotonic() - started
     return summary
 

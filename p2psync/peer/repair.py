@@ -31,8 +31,8 @@ import re
 import secrets
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, Protocol, TypeAlias
 
@@ -55,6 +55,7 @@ __all__ = [
     "RepairSummary",
     "WantedMessage",
     "fetch_messages",
+    "one_off_collection",
 ]
 
 RepairStatus: TypeAlias = Literal["applied", "present", "superseded", "not_found", "withheld", "refused", "deferred"]
@@ -253,18 +254,29 @@ async def fetch_messages(
     wanted = _dedupe(cids)
     scope = scope or SyncScope.global_scope()
     started = time.monotonic()
+    async with one_off_collection(peer, connect, tenant, scope) as (session, index, remote):
+        summary = RepairSummary(tenant, remote)
+        session.proto.repair_sink(index).stats = summary.stats
+        await _Repair(peer.store, session, index, tenant, summary, len(wanted), on_progress).run(wanted, batch)
+    summary.seconds = time.monotonic() - started
+    return summary
+
+
+@asynccontextmanager
+async def one_off_collection(
+    peer: RepairingPeer, connect: Connector, tenant: str, scope: SyncScope
+) -> AsyncIterator[tuple[PeerSession, int, str]]:
+    """A connection with hello done and ``tenant``'s collection in ``scope`` open under a
+    one-off checkpointId (module doc): ``(session, collection index, remote DID URL)``; the
+    connection closes when the block ends."""
     async with connect(peer.handlers(active=True)) as conn:
         session = peer.session_for(conn, active=True)
         await session.hello()
         assert session.theirs is not None
         remote = f"{session.theirs.did}?storeId={session.theirs.store_id}"
         index, _ = await session.run(session.proto.open_collection(tenant, scope, one_off_checkpoint_id()))
-        summary = RepairSummary(tenant, remote)
-        session.proto.repair_sink(index).stats = summary.stats
-        await _Repair(peer.store, session, index, tenant, summary, len(wanted), on_progress).run(wanted, batch)
+        yield session, index, remote
         await conn.aclose()
-    summary.seconds = time.monotonic() - started
-    return summary
 
 
 class _Repair:
