@@ -133,6 +133,16 @@ MAX_GRANTS: Final = 8
 #: Result kinds after which a message is held (or something newer is): a gap repair that ends
 #: with only these lets the round resume after the peer's head.
 SETTLED_KINDS: Final = frozenset({"Applied", "Duplicate", "Superseded"})
+#: A round reconciles instead of replaying only while the estimated difference is at most this
+#: share of the source's set and within what a kept sketch decodes without a scan (~16,000):
+#: past that, most of the log would move anyway, and streaming it beats fetching by CID.
+RECONCILE_MAX_SHARE: Final = 0.5
+RECONCILE_MAX_DIFFERENCE: Final = 12_000
+
+
+def worth_reconciling(estimate: float | None, remote_count: int) -> bool:
+    """Whether a round should go on reconciling after the estimate (None: not known yet)."""
+    return estimate is None or estimate <= min(RECONCILE_MAX_DIFFERENCE, RECONCILE_MAX_SHARE * max(remote_count, 1))
 
 Effects = Generator[Any, Any, Any]
 
@@ -959,11 +969,11 @@ class ReplicationProtocol:
         the peer take what it lacks): the gap repair of a round (protocol/anti-entropy.md §7).
 
         Returns ``(their head, our head, fetched, taken)`` (the last two: counts by result kind)
-        when every message both ways was
-        settled (applied, already held or superseded), so each side may resume its log after
-        the other's head; None when a replay must do it. ``stats``: where the fetches count their
-        dependencies, attachments and bytes (an empty local set, a refusal, a
-        collision, something left unapplied)."""
+        when every message both ways was settled (applied, already held or superseded), so each
+        side may resume its log after the other's head. None when a replay must do it instead:
+        an empty local set, a difference too large to be worth it, a refusal, a collision,
+        something left unapplied. ``stats``: where the fetches count their dependencies,
+        attachments and bytes."""
         view, our_head = yield LocalSetView(tenant, scope)
         if view.count == 0:
             return None  # nothing to save: streaming the log is the faster way to fill a store
@@ -973,6 +983,10 @@ class ReplicationProtocol:
             while request is not None:
                 reply, _, _ = yield from self._reconcile(request)
                 request = recon.receive(reply)
+                if request is not None and not worth_reconciling(recon.estimate, recon.remote_count):
+                    log.info("reconcile with %s: ~%.0f of %d messages differ; replaying instead",
+                             self.remote_did, recon.estimate or 0, recon.remote_count)
+                    return None
         except PeerError as exc:
             log.info("reconcile with %s: %s; replaying instead", self.remote_did, exc)
             return None

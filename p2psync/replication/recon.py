@@ -396,6 +396,16 @@ class Reconciliation:
         hi = min(MAX_SYMBOL_INDEX, SLACK + math.ceil(MARGIN * max(2.0, self._estimate)))
         return self._ask(0, hi)
 
+    @property
+    def estimate(self) -> float | None:
+        """The estimated difference, once the responder's estimator arrived."""
+        return self._estimate
+
+    @property
+    def remote_count(self) -> int:
+        """The responder's count, once an opening reply gave it (0 before)."""
+        return self._remote_count
+
     def _limit(self) -> int:
         """No honest decode needs more than ~2 symbols per difference, and the difference is at
         most both sets: past 3 × (n_local + n_remote) + 64 the stream is not a set's."""

@@ -53,28 +53,43 @@ async def test_both_directions_at_once(tmp_path: Path) -> None:
     write_notes(b, ALICE, 15, clock=clock, prefix="from b")
     passive, active = Peer(a, ALICE), Peer(b, ALICE)
     async with served(passive) as url:
-        # A first sync of two non-empty replicas reconciles instead of replaying either log.
+        # Two disjoint sets: every message moves anyway, so the logs stream (no reconciliation).
         summary = await active.sync(url, tenant=ALICE.did, direction="both")
         assert summary.pull is not None and summary.push is not None
         assert summary.pull.revs_applied == 20 and summary.push.revs_applied == 15
-        assert (summary.pull.reconciled, summary.push.reconciled) == (20, 15)
-        # What a took from b comes after a's head: listed to b once, answered 304, no body.
-        assert summary.pull.items_offered == summary.pull.items_skipped == 15
+        assert summary.pull.reconciled == summary.push.reconciled == 0
+        assert_same(a, b, ALICE)
+        # A second round finds nothing to move either way.
+        again = await active.sync(url, tenant=ALICE.did, direction="both")
+    assert again.pull is not None and again.push is not None
+    assert again.pull.revs_received == 0 and again.push.revs_sent == 0
+    # Echo suppression (§11): what b pulled from a is never proposed back to a.
+    assert summary.push.items_offered + again.push.items_offered == 15
+    assert summary.push.echoes_suppressed + again.push.echoes_suppressed == 20
+
+
+async def test_a_first_sync_of_overlapping_replicas_reconciles(tmp_path: Path) -> None:
+    """Two replicas that share most of their messages (a restored backup, a device filled by
+    another path) meet for the first time: only the difference moves, by CID, both ways."""
+    a, b = new_store(tmp_path, "a"), new_store(tmp_path, "b")
+    clock = Clock()
+    write_notes(a, ALICE, 30, clock=clock, prefix="shared")
+    async with served(Peer(a, ALICE)) as url:
+        await Peer(b, ALICE).fetch_messages(url, tenant=ALICE.did, cids=a.messages.cids(ALICE.did))
+    write_notes(a, ALICE, 3, clock=clock, prefix="later on a")
+    write_notes(b, ALICE, 2, clock=clock, prefix="later on b")
+    passive, active = Peer(a, ALICE), Peer(b, ALICE)
+    async with served(passive) as url:
+        summary = await active.sync(url, tenant=ALICE.did, direction="both")
+        assert summary.pull is not None and summary.push is not None
+        assert (summary.pull.reconciled, summary.push.reconciled) == (3, 2)
+        assert (summary.pull.revs_applied, summary.push.revs_applied) == (3, 2)
         assert summary.pull.revs_received == summary.push.revs_sent == 0
         assert_same(a, b, ALICE, events=False)
-        # Then the logs carry what is new, both ways at once.
-        write_notes(a, ALICE, 3, clock=clock, prefix="later on a")
-        write_notes(b, ALICE, 2, clock=clock, prefix="later on b")
         again = await active.sync(url, tenant=ALICE.did, direction="both")
-        assert again.pull is not None and again.push is not None
-        assert (again.pull.revs_applied, again.push.revs_applied) == (3, 2)
-        last = await active.sync(url, tenant=ALICE.did, direction="both")
-    assert last.pull is not None and last.push is not None
-    assert last.pull.revs_received == 0 and last.push.revs_sent == 0
-    # Echo suppression (§11): what b pulled from a is never proposed back to a.
-    assert again.push.items_offered + last.push.items_offered == 2
-    assert again.push.echoes_suppressed + last.push.echoes_suppressed == 3
-    assert_same(a, b, ALICE, events=False)
+    assert again.pull is not None and again.push is not None
+    assert again.pull.revs_received == 0 and again.push.revs_sent == 0
+    assert summary.state == again.state == "live"
 
 
 async def test_resume_after_disconnect_sends_nothing_twice(tmp_path: Path) -> None:

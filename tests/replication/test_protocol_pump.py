@@ -278,7 +278,9 @@ def test_a_whole_round_both_ways_then_a_second_round_resumes(tmp_path: Path, see
     again, _ = phone.proto.sync(tenant=ALICE.did, scope=scope, local_store_id=store_id(phone.store), pull=True,
                                 push=True, totals=second)
     run(wire, again)
-    assert second["pull"].items_offered == 0 and second["push"].items_offered == 0
+    # Nothing moves: at most what the first round pushed is listed back once and answered 304.
+    assert second["pull"].revs_received == 0 and second["push"].revs_sent == 0
+    assert second["pull"].items_offered == second["pull"].items_skipped <= 5
     assert [t.reason for t in ledger.transitions(round_.key) if t.kind == "checkpoint_rewind"] == []
 
 
