@@ -26,10 +26,10 @@ import trio
 from websockets.frames import Opcode
 from websockets.protocol import Protocol, State
 
-from p2psync.blip.closing import CLOSE_TIMEOUT, ClosableTransport
+from p2psync.blip.closing import CLOSE_TIMEOUT, ClosableTransport, log
 from p2psync.blip.connection import ConnectionState, Event
 from p2psync.blip.errors import ConnectionClosed, ProtocolError
-from p2psync.blip.lifecycle import CONNECTING, peer_close_reason
+from p2psync.blip.lifecycle import CONNECTING, describe_close, peer_close_reason
 
 #: Seconds between WebSocket pings. Short enough for NAT and LAN idle timers (typically
 #: 60 s and more), long enough to cost nothing.
@@ -211,6 +211,11 @@ class Transport(ClosableTransport):
                 self._handle_ws_events(events[start : start + FRAMES_PER_SLICE])
                 if ws.writes or self._core.wants_to_send:
                     self._wake_writer()
+            if ws.parser_exc is not None and not self._lifecycle.closed:
+                # websockets failed the connection itself (a message over the size limit: 1009,
+                # a malformed frame: 1002) and queued its close frame, with no event for us:
+                # send the frame now and end, rather than wait for the idle timeout.
+                self._websocket_failure(ws)
             await self._throttle_reading()
 
     def _handle_ws_events(self, events: list[Any]) -> None:
@@ -251,6 +256,15 @@ class Transport(ClosableTransport):
                 return
             if blip_events:
                 self._dispatch(blip_events)
+
+    def _websocket_failure(self, ws: Protocol) -> None:
+        sent = ws.close_sent
+        code = f" ({describe_close(sent.code, '')})" if sent is not None else ""
+        reason = f"websocket error{code}: {ws.parser_exc}"
+        log.warning("%s: closing: %s", self.name, reason)
+        self._shutdown(reason)
+        self._wake_writer()
+        self._start_close_deadline()
 
     async def _keepalive(self) -> None:
         assert self._ping_interval is not None
