@@ -30,6 +30,7 @@ from p2psync.blip.connection import (
     describe_event,
 )
 from p2psync.blip.errors import BLIP_ERROR_DOMAIN, BlipError, ConnectionClosed
+from p2psync.blip.lifecycle import truncate_utf8
 from p2psync.blip.payloads import Body, IncomingBody, Reply, Response, StreamingResponse
 from p2psync.blip.pumps import IDLE_TIMEOUT, PING_INTERVAL, Transport
 from p2psync.blip.wire import (
@@ -64,6 +65,13 @@ STREAM_LOW_WATER = 64 * 1024
 #: A streamed incoming body buffers at most this much unread before we call the peer
 #: broken: an honest sender stops at the window (128,000 bytes) plus one frame.
 STREAM_BUFFER_LIMIT = 4 * MAX_UNACKED_BYTES
+
+#: An ERR's message text at most (UTF-8 bytes): error replies never echo unbounded input —
+#: a request naming a 100 KB profile must not buy a 100 KB reply (issue #15). Ours; refusals
+#: of the P2PSync profiles are a code, a name and a sentence, well under it.
+MAX_ERROR_MESSAGE_BYTES = 4096
+#: How much of an unknown profile name an error quotes.
+MAX_QUOTED_PROFILE = 64
 
 # BLIP error codes follow HTTP's (BLIP_3 spec; BLIP-Cpp uses 404 and 501 the same way).
 NOT_FOUND = 404
@@ -403,7 +411,7 @@ class Connection(Transport):
 
     def _send_error(self, number: int, domain: str, code: int, message: str) -> None:
         try:
-            self._core.send_error(number, domain, code, message)
+            self._core.send_error(number, domain, code, truncate_utf8(message, MAX_ERROR_MESSAGE_BYTES))
         except ConnectionClosed:
             return
         self._wake_writer()
@@ -488,11 +496,9 @@ class Connection(Transport):
             if not event.complete:
                 self._core.discard_incoming(MSG, number)
             if wants_reply:
-                self._send_error(
-                    number, BLIP_ERROR_DOMAIN, NOT_FOUND, f"no handler for {profile!r}"
-                )
+                self._send_error(number, BLIP_ERROR_DOMAIN, NOT_FOUND, f"no handler for {_quoted(profile)}")
             else:
-                log.info("%s: no handler for no-reply request %r", self.name, profile)
+                log.info("%s: no handler for no-reply request %s", self.name, _quoted(profile))
             return
         if isinstance(spec, StreamingHandler):
             body = IncomingBody(self, MSG, number)
@@ -664,3 +670,10 @@ def _split_body(body: Body) -> tuple[bytes | bytearray | memoryview, AsyncIterab
     if isinstance(body, bytes | bytearray | memoryview):
         return body, None
     return b"", body
+
+
+def _quoted(profile: str | None) -> str:
+    """A profile name for an error or a log line, cut to :data:`MAX_QUOTED_PROFILE` characters."""
+    if profile is None:
+        return "None"
+    return repr(profile[:MAX_QUOTED_PROFILE]) + ("…" if len(profile) > MAX_QUOTED_PROFILE else "")
