@@ -19,6 +19,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import trio
+from websockets.frames import CloseCode
 from websockets.protocol import Protocol
 
 from p2psync.blip.connection import (
@@ -52,6 +53,11 @@ log = logging.getLogger("p2psync.blip")
 #: Default largest incoming message assembled in memory; beyond it a request gets BLIP 413
 #: and a reply fails locally. Stream larger bodies (:func:`streaming`).
 MAX_MESSAGE_SIZE = 64 * 1024 * 1024
+#: Bytes of incoming messages being gathered at once on one connection, all messages together.
+#: A peer may start many messages and finish none (BLIP ACKs are advisory to a sender that does
+#: not care): without this, each costs up to MAX_MESSAGE_SIZE. Two large messages' worth; past
+#: it the connection is closed with 1009 (issue #15).
+MAX_ASSEMBLING_BYTES = 2 * MAX_MESSAGE_SIZE
 #: Handler tasks allowed at once per connection before the reader pauses.
 MAX_CONCURRENT_HANDLERS = 1024
 #: Outgoing messages (requests) queued per connection before ``request()`` waits.
@@ -244,11 +250,25 @@ class Connection(Transport):
         self._waiters: dict[int, _Waiter] = {}
         self._sent_waiters: dict[int, trio.Event] = {}  # no-reply requests not fully written
         self._assembling: dict[tuple[int, int], _Assembly] = {}
+        self._assembling_bytes = 0  # the sum of their sizes (MAX_ASSEMBLING_BYTES)
         self._streams: dict[tuple[int, int], IncomingBody] = {}
         self._handler_room = trio.Event()
         self._active_handlers = 0
 
     # ------------------------------------------------------------------ public API
+
+    @property
+    def max_message_size(self) -> int:
+        """The largest incoming message this connection takes (larger ones are refused with
+        ``413`` and never gathered past the limit). Settable at any time: a peer keeps it at a
+        hello's size until the other side has proved who it is."""
+        return self._max_message_size
+
+    @max_message_size.setter
+    def max_message_size(self, size: int) -> None:
+        if size < 1:
+            raise ValueError("max_message_size must be positive")
+        self._max_message_size = size
 
     @property
     def subprotocol(self) -> str:
@@ -512,7 +532,7 @@ class Connection(Transport):
             request = Request(self, number, event.properties, event.body, event.flags)
             self._start_handler(spec, request)
         else:
-            self._assembling[(MSG, number)] = _Assembly(event)
+            self._start_assembly((MSG, number), event)
 
     def _on_reply_start(self, event: MessageStart) -> None:
         number = event.number
@@ -534,16 +554,35 @@ class Connection(Transport):
         elif event.complete:
             self._finish_reply(waiter, event, event.body)
         else:
-            self._assembling[(RPY, number)] = _Assembly(event)
+            self._start_assembly((RPY, number), event)
+
+    def _start_assembly(self, key: tuple[int, int], event: MessageStart) -> None:
+        assembly = self._assembling[key] = _Assembly(event)
+        self._assembling_bytes += assembly.size
+        self._check_assembling()
+
+    def _check_assembling(self) -> bool:
+        """Close the connection (1009) when too much is being gathered; False then."""
+        if self._assembling_bytes <= MAX_ASSEMBLING_BYTES:
+            return True
+        self._fail_connection(f"more than {MAX_ASSEMBLING_BYTES} bytes of messages being gathered at once",
+                              CloseCode.MESSAGE_TOO_BIG)
+        return False
+
+    def _drop_assembly(self, key: tuple[int, int]) -> None:
+        self._assembling_bytes -= self._assembling.pop(key).size
 
     def _on_assembly_data(
         self, key: tuple[int, int], assembly: _Assembly, event: MessageData
     ) -> None:
         assembly.parts.append(event.data)
         assembly.size += len(event.data)
+        self._assembling_bytes += len(event.data)
         start = assembly.start
+        if not self._check_assembling():
+            return
         if assembly.size > self._max_message_size:
-            del self._assembling[key]
+            self._drop_assembly(key)
             if not event.complete:
                 self._core.discard_incoming(start.type, start.number)
             reason = f"message larger than {self._max_message_size} bytes"
@@ -555,7 +594,7 @@ class Connection(Transport):
             return
         if not event.complete:
             return
-        del self._assembling[key]
+        self._drop_assembly(key)
         body = b"".join(assembly.parts)
         if start.type == MSG:
             spec = self._handlers.get(start.properties.get(PROFILE_PROPERTY, ""))
@@ -662,6 +701,7 @@ class Connection(Transport):
             stream._fail(error)
         self._streams.clear()
         self._assembling.clear()
+        self._assembling_bytes = 0
         self._handler_room.set()
 
 

@@ -20,6 +20,7 @@ from typing import Any, Final
 import trio
 
 from p2psync import blip
+from p2psync.blip.rpc import MAX_MESSAGE_SIZE
 from p2psync.replication.effects import (
     CloseConnection,
     Collection,
@@ -51,6 +52,11 @@ log = logging.getLogger("p2psync.peer")
 
 Handler = Callable[[blip.Request], Awaitable[blip.Reply | None]]
 
+#: The largest message a connection takes before the other side's hello proof checked out: a
+#: hello is at most 16 KiB (HELLO_MAX_BODY) and a getCollections with its grants racing our own
+#: check stays far below this; a stranger who never says hello cannot make us gather 64 MiB
+#: messages (issue #15). Ours.
+PRE_HELLO_MAX_MESSAGE: Final = 256 * 1024
 #: How often a continuous feed looks at the log when no local commit woke it (writes by other
 #: processes on the same store file are only seen this way). Ours.
 POLL_INTERVAL: Final = 0.5
@@ -85,6 +91,7 @@ class PeerSession:
         self.service = service
         self.observer = proto.observer
         self.conn: blip.Connection | None = None
+        self._max_message = MAX_MESSAGE_SIZE  # restored once hello has succeeded
         self._replies: dict[int, list[Any]] = {}  # rid -> [event, output]
         self._durable: dict[Any, list[int]] = {}  # group-commit batch -> refs waiting for it
         self._rids = 0
@@ -117,8 +124,11 @@ class PeerSession:
         return self.proto.remote_did
 
     def attach(self, conn: blip.Connection) -> None:
-        """Bind to ``conn`` and arm the hello deadline (§3)."""
+        """Bind to ``conn`` and arm the hello deadline (§3). Until the other side has proved
+        its DID, the connection takes only hello-sized messages (:data:`PRE_HELLO_MAX_MESSAGE`)."""
         self.conn = conn
+        self._max_message = conn.max_message_size
+        conn.max_message_size = min(self._max_message, PRE_HELLO_MAX_MESSAGE)
         conn.start_soon(self._hello_deadline)
 
     # -- commands -------------------------------------------------------------------------------
@@ -144,6 +154,8 @@ class PeerSession:
     async def hello(self) -> None:
         """Send our hello and verify the other's proof; raises :class:`HelloFailed`."""
         await self.run(self.proto.start_hello())
+        if self.conn is not None and self.proto.hello_ok:
+            self.conn.max_message_size = self._max_message
 
     async def hello_quietly(self) -> None:
         with contextlib.suppress(HelloFailed):

@@ -1,0 +1,44 @@
+"""Before the other side's hello proof checks out, a peer takes only hello-sized messages
+(issue #15): a stranger cannot make it gather 64 MiB messages without proving anything."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+
+from p2psync import blip
+from p2psync.peer.peer import Peer
+from p2psync.peer.session import PRE_HELLO_MAX_MESSAGE
+from p2psync.replication.wire import APP_ID
+from tests.peer.support import new_store, seeded, served
+
+ALICE = seeded("pre-hello")
+
+
+async def silent(request: blip.Request) -> blip.Reply:
+    await trio.sleep_forever()  # a stranger who never answers the peer's hello
+    raise AssertionError("unreachable")
+
+
+async def test_a_large_request_before_hello_is_refused_unread(tmp_path: Path) -> None:
+    async with served(Peer(new_store(tmp_path, "a"), ALICE)) as url, blip.connect(
+            url, app_id=APP_ID, handlers={"hello": silent}) as conn:
+        with trio.fail_after(10), pytest.raises(blip.BlipError) as info:
+            await conn.request("getCollections", body=b"\x00" * (PRE_HELLO_MAX_MESSAGE + 1))
+    assert info.value.code == 413
+
+
+async def test_after_hello_the_full_limit_applies(tmp_path: Path) -> None:
+    peer = Peer(new_store(tmp_path, "b"), ALICE)
+    async with served(Peer(new_store(tmp_path, "a"), ALICE)) as url, blip.connect(
+            url, app_id=APP_ID, handlers=peer.handlers(active=True)) as conn:
+        session = peer.session_for(conn, active=True)
+        assert conn.max_message_size == PRE_HELLO_MAX_MESSAGE
+        await session.hello()
+        assert conn.max_message_size == blip.rpc.MAX_MESSAGE_SIZE
+        with trio.fail_after(10), pytest.raises(blip.BlipError) as info:
+            # Gathered whole now, then refused by the profile itself (not a map of collections).
+            await conn.request("getCollections", body=b"\x00" * (PRE_HELLO_MAX_MESSAGE + 1))
+        assert info.value.code != 413
