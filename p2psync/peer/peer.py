@@ -60,6 +60,12 @@ AGENT = "p2psync/0.1.0"
 CHECKPOINT_INTERVAL: Final = 2.0
 #: Attempts of a one-shot sync when the connection drops mid-way (the first included).
 ONE_SHOT_ATTEMPTS: Final = 3
+#: Connections a peer serves at once, and of them how many may not have proved their DID yet
+#: (issue #15): a stranger opening connections and never saying hello holds at most 32 slots,
+#: each for the hello deadline (10 s), and proven peers still get in. Ours; a LAN node rarely
+#: has more than a dozen peers.
+MAX_CONNECTIONS: Final = 256
+MAX_UNPROVEN_CONNECTIONS: Final = 32
 #: A one-shot round that moves nothing for this long is abandoned and retried: BLIP pings keep
 #: a connection open even when the other side's replication is stuck. Ours.
 STALL_TIMEOUT: Final = 120.0
@@ -106,6 +112,8 @@ class Peer:
         self._retry_now = trio.Event()
         self._retry_requests = 0
         self._sessions: weakref.WeakKeyDictionary[blip.Connection, PeerSession] = weakref.WeakKeyDictionary()
+        self._served = 0  # connections served now (MAX_CONNECTIONS)
+        self._unproven = 0  # of them, those whose hello has not ended (MAX_UNPROVEN_CONNECTIONS)
         #: Told of applies and missing dependencies (p2psync/node/metrics.py); set before serving.
         self.metrics: SyncObserver = NO_OBSERVER
 
@@ -147,9 +155,31 @@ class Peer:
         return {p: make(p) for p in ALL_PROFILES}
 
     async def _on_connect(self, conn: blip.Connection) -> None:
+        if self._served >= MAX_CONNECTIONS or self._unproven >= MAX_UNPROVEN_CONNECTIONS:
+            # Over the caps (issue #15): close at once, before any hello work; 1013 "try
+            # again later" tells an honest peer to back off.
+            log.warning("refusing a connection: %d open, %d not yet proven", self._served, self._unproven)
+            await conn.aclose(code=1013, reason="P2PSync 503 TooManyConnections")
+            return
         # §3: the passive sends its hello at once too (both cross in one round trip).
         session = self.session_for(conn, active=False)
-        conn.start_soon(session.hello_quietly)
+        self._served += 1
+        self._unproven += 1
+        conn.start_soon(self._serve_connection, conn, session)
+
+    async def _serve_connection(self, conn: blip.Connection, session: PeerSession) -> None:
+        """Keep the connection caps' counts: unproven until hello ends (either way), open until
+        the connection does (this task is cancelled when it closes)."""
+        unproven = True
+        try:
+            await session.hello_quietly()
+            self._unproven -= 1
+            unproven = False
+            await conn.wait_closed()
+        finally:
+            if unproven:
+                self._unproven -= 1
+            self._served -= 1
 
     # -- passive ----------------------------------------------------------------------------
 

@@ -1,5 +1,6 @@
-"""Before the other side's hello proof checks out, a peer takes only hello-sized messages
-(issue #15): a stranger cannot make it gather 64 MiB messages without proving anything."""
+"""Before the other side's hello proof checks out, a peer takes only hello-sized messages and
+only so many such connections at once (issue #15): a stranger cannot make it gather 64 MiB
+messages, or hold every slot, without proving anything."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 import trio
 
+import p2psync.peer.peer as peer_module
 from p2psync import blip
 from p2psync.peer.peer import Peer
 from p2psync.peer.session import PRE_HELLO_MAX_MESSAGE
@@ -42,3 +44,26 @@ async def test_after_hello_the_full_limit_applies(tmp_path: Path) -> None:
             # Gathered whole now, then refused by the profile itself (not a map of collections).
             await conn.request("getCollections", body=b"\x00" * (PRE_HELLO_MAX_MESSAGE + 1))
         assert info.value.code != 413
+
+
+async def test_connections_that_never_prove_anything_are_capped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(peer_module, "MAX_UNPROVEN_CONNECTIONS", 2)
+    store = new_store(tmp_path, "a")
+    async with served(Peer(store, ALICE)) as url:
+        async with blip.connect(url, app_id=APP_ID, handlers={"hello": silent}) as first, blip.connect(
+                url, app_id=APP_ID, handlers={"hello": silent}) as second:
+            async with blip.connect(url, app_id=APP_ID, handlers={"hello": silent}) as third:
+                with trio.fail_after(5):
+                    await third.wait_closed()
+                assert third.close_code == 1013 and "TooManyConnections" in (third.close_text or "")
+            assert not first.closed and not second.closed
+        # The strangers gone, a peer that proves its DID gets in and syncs.
+        with trio.fail_after(10):
+            while True:
+                try:
+                    await Peer(new_store(tmp_path, "b"), ALICE).sync(url, tenant=ALICE.did)
+                    break
+                except Exception:  # their slots are freed when the server notices the close
+                    await trio.sleep(0.1)
