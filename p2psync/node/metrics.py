@@ -105,6 +105,7 @@ class NodeMetrics:
         self.inflight = 0
         self.gap_repairs: dict[str, int] = dict.fromkeys(GAP_REASONS, 0)
         self.gap_repair_messages: dict[str, int] = {}
+        self.pushes_refused = 0  # pushes for a tenant this node does not store (issue #15)
         self.antientropy_rounds: dict[str, int] = dict.fromkeys(OUTCOMES, 0)
         self.antientropy_bytes = 0
         self.antientropy_round_trips = 0
@@ -138,6 +139,9 @@ class NodeMetrics:
     def dependencies_missing(self, refs: Sequence[DependencyRef]) -> None:
         for ref in refs:
             self.closure_missing[ref.type] = self.closure_missing.get(ref.type, 0) + 1
+
+    def push_refused(self, tenant: str, remote: str) -> None:
+        self.pushes_refused += 1
 
     def gap_repaired(self, reason: str, fetched: int, taken: int) -> None:
         # A progress gap was counted when its link entered `repairing` (a ledger event, below);
@@ -191,6 +195,9 @@ class NodeMetrics:
         for reason, n in sorted(self.gap_repair_messages.items()):
             repaired.add_metric([reason], n)
         yield repaired
+        yield CounterMetricFamily("sync_pushes_refused",
+                                  "Pushes refused because this node does not store their tenant.",
+                                  value=self.pushes_refused)
         yield from self._anti_entropy_families()
         rewinds = CounterMetricFamily("sync_checkpoint_rewinds",
                                       "Checkpoints rewound to the peer's lower copy at a round's start.")

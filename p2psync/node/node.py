@@ -159,7 +159,9 @@ class Node:
         self.store = store
         self.identity = identity
         self.tenants: tuple[TenantConfig, ...] = config.tenants_for(identity.did)
-        self.peer = Peer(store, identity)
+        # A node stores its configured tenants and nothing else (issue #15): a stranger who
+        # proves some DID cannot push another tenant's messages into its store.
+        self.peer = Peer(store, identity, stores={t.did for t in self.tenants if t.did is not None})
         self.metrics = NodeMetrics(self.peer.ledger, node_facts=self._facts)
         self.peer.metrics = self.metrics
         self.store_id = self.peer.store_id

@@ -90,6 +90,7 @@ class Peer:
         identity: Identity,
         *,
         accept_push: bool = True,
+        stores: Iterable[str] | None = None,
         authorizer: Any = None,
         max_unanswered_revs: int | None = None,
         max_data: int | None = None,
@@ -103,6 +104,8 @@ class Peer:
         self.committer = GroupCommitter(store)
         self.store_id = store_id(store)
         self.accept_push = accept_push
+        #: the tenants this peer stores (None: any); pushes for others are refused (403)
+        self.stores = None if stores is None else frozenset(stores)
         self.authorizer = authorizer if authorizer is not None else ReadAuthorizer(store)
         self.service = StoreService(store, dwn=self.dwn, ledger=self.ledger, copies=self.copies,
                                     committer=self.committer, authorizer=self.authorizer)
@@ -127,7 +130,7 @@ class Peer:
             extra["max_data"] = self.max_data
         proto = ReplicationProtocol(
             identity=self.identity, mine=new_hello(self.identity.did, self.store_id, AGENT), active=active,
-            accept_push=self.accept_push, observer=self.metrics, **extra,
+            accept_push=self.accept_push, stores=self.stores, observer=self.metrics, **extra,
         )
         return PeerSession(proto, self.service)
 

@@ -34,6 +34,11 @@ class SyncObserver(Protocol):
         """The closure loop asks the source for these dependencies (they are not here)."""
         ...
 
+    def push_refused(self, tenant: str, remote: str) -> None:
+        """A push (``proposeChanges``, a take, grants brought in ``getCollections``) for a tenant
+        this peer does not store was refused (``403 PushRefused``)."""
+        ...
+
     def gap_repaired(self, reason: str, fetched: int, taken: int) -> None:
         """A round reconciled instead of replaying (``reason``: ``progress_gap``,
         ``never_linked``, ``checkpoint_mismatch``), fetching ``fetched`` messages and handing
@@ -51,6 +56,9 @@ class NoObserver:
         return None
 
     def dependencies_missing(self, refs: Sequence[DependencyRef]) -> None:
+        return None
+
+    def push_refused(self, tenant: str, remote: str) -> None:
         return None
 
     def gap_repaired(self, reason: str, fetched: int, taken: int) -> None:

@@ -180,6 +180,7 @@ class ReplicationProtocol:
         mine: Hello,
         active: bool,
         accept_push: bool = True,
+        stores: frozenset[str] | None = None,
         max_unanswered_revs: int = MAX_UNANSWERED_REVS,
         max_data: int = DEFAULT_MAX_DATA,
         observer: SyncObserver = NO_OBSERVER,
@@ -188,6 +189,8 @@ class ReplicationProtocol:
         self.mine = mine
         self.active = active
         self.accept_push = accept_push
+        #: the tenants this peer stores messages for (None: any); pushes for others are refused
+        self.stores = stores
         self.max_unanswered_revs = max_unanswered_revs
         #: record data above this is not taken (413 in the listing answer, §6.2)
         self.max_data = max_data
@@ -677,7 +680,10 @@ class ReplicationProtocol:
         return SendReply(0, {}, encode_body(out))
 
     def _apply_grants(self, tenant: str, grants: list[Any]) -> Effects:
-        """§4.1: grants the active brings are replicated messages of the tenant; apply valid ones."""
+        """§4.1: grants the active brings are replicated messages of the tenant; apply valid ones
+        (only for a tenant this peer stores: they are writes like any other)."""
+        if grants and self.stores is not None and tenant not in self.stores:
+            return
         for grant in grants:
             if not isinstance(grant, dict) or not isinstance(grant.get("message"), dict):
                 continue
@@ -759,10 +765,19 @@ class ReplicationProtocol:
 
     # == the passive's push sink (§7) =======================================================
 
-    def _on_propose_changes(self, properties: dict[str, str], body: bytes) -> Effects:
-        index, coll = self._collection(properties)
+    def _refuse_push_for(self, tenant: str) -> None:
+        """``403 PushRefused`` unless this peer takes pushes and stores ``tenant`` (issue #15:
+        a stranger who proves any DID must not fill the disk with tenants nobody asked for)."""
         if not self.accept_push:
             refuse(403, "PushRefused", "this peer does not take pushes")
+        if self.stores is not None and tenant not in self.stores:
+            self.observer.push_refused(tenant, self.remote_did)
+            log.warning("refused a push from %s: this node does not store tenant %s", self.remote_did, tenant[:80])
+            refuse(403, "PushRefused", "this node does not store that tenant")
+
+    def _on_propose_changes(self, properties: dict[str, str], body: bytes) -> Effects:
+        index, coll = self._collection(properties)
+        self._refuse_push_for(coll.tenant)
         sink = self.sinks.get(index)
         if sink is None:
             sink = self.sinks[index] = Sink(self, index, coll.tenant, key=None, max_data=self.max_data)
@@ -918,6 +933,7 @@ class ReplicationProtocol:
             # The ids of a set say which messages exist; only a reader of all of them may ask.
             refuse(403, "ReconcileNotAuthorized", "set reconciliation is for readers of the whole scope")
         if "f" in request:
+            self._refuse_push_for(coll.tenant)
             counts = yield from self._take_from_peer(index, request["f"])
             return SendReply(0, {}, encode_body({"k": counts}))
         reply = yield AnswerReconcile(coll.tenant, coll.scope, request)
@@ -926,8 +942,6 @@ class ReplicationProtocol:
     def _take_from_peer(self, index: int, cids: Any) -> Effects:
         """``f``: the other peer holds these and we lack them; fetch each by CID from it.
         Answers counts by result kind."""
-        if not self.accept_push:
-            refuse(403, "PushRefused", "this peer does not take pushes")
         if (not isinstance(cids, list) or len(cids) > MAX_TAKE
                 or not all(isinstance(c, str) and 0 < len(c) <= 128 for c in cids)):
             refuse(400, "ReconcileInvalid", f"f is a list of at most {MAX_TAKE} CIDs")
