@@ -26,7 +26,7 @@ from websockets.uri import parse_uri
 
 from p2psync.blip.errors import ConnectionClosed
 from p2psync.blip.pumps import IDLE_TIMEOUT, PING_INTERVAL, RECEIVE_SIZE
-from p2psync.blip.rpc import MAX_MESSAGE_SIZE, Connection, HandlerSpec
+from p2psync.blip.rpc import MAX_MESSAGE_SIZE, Connection, GatherBudget, HandlerSpec
 from p2psync.blip.wire import subprotocol_for
 
 log = logging.getLogger("p2psync.blip")
@@ -184,6 +184,7 @@ async def accept_stream(
     ping_interval: float | None = PING_INTERVAL,
     idle_timeout: float | None = IDLE_TIMEOUT,
     max_message_size: int = MAX_MESSAGE_SIZE,
+    gather_budget: GatherBudget | None = None,
 ) -> AsyncIterator[Connection]:
     """Accept a BLIP connection as the server over an already open stream. Closes the stream
     at the end, and also when the handshake fails or is cancelled.
@@ -210,6 +211,7 @@ async def accept_stream(
         ping_interval=ping_interval,
         idle_timeout=idle_timeout,
         max_message_size=max_message_size,
+        gather_budget=gather_budget,
     )
     async with _running(conn, leftover) as running:
         yield running
@@ -275,6 +277,8 @@ class BlipServer:
     ping_interval: float | None = PING_INTERVAL
     idle_timeout: float | None = IDLE_TIMEOUT
     max_message_size: int = MAX_MESSAGE_SIZE
+    #: Bytes being gathered across all its connections (MAX_SERVER_ASSEMBLING_BYTES).
+    gather_budget: GatherBudget = field(default_factory=GatherBudget)
 
     @property
     def port(self) -> int:
@@ -308,6 +312,7 @@ class BlipServer:
                 ping_interval=self.ping_interval,
                 idle_timeout=self.idle_timeout,
                 max_message_size=self.max_message_size,
+                gather_budget=self.gather_budget,
             ) as conn:
                 self.connections.add(conn)
                 try:

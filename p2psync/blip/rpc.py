@@ -58,6 +58,20 @@ MAX_MESSAGE_SIZE = 64 * 1024 * 1024
 #: not care): without this, each costs up to MAX_MESSAGE_SIZE. Two large messages' worth; past
 #: it the connection is closed with 1009 (issue #15).
 MAX_ASSEMBLING_BYTES = 2 * MAX_MESSAGE_SIZE
+#: The same across all the connections one server accepts: a few abusive connections, each
+#: under its own cap, must not add up to the out-of-memory killer. Four connections at their
+#: cap; past it the connection that adds more is closed with 1013 (try again later).
+MAX_SERVER_ASSEMBLING_BYTES = 4 * MAX_ASSEMBLING_BYTES
+
+
+class GatherBudget:
+    """Bytes of incoming messages being gathered by a group of connections (a server's)."""
+
+    __slots__ = ("limit", "used")
+
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit = MAX_SERVER_ASSEMBLING_BYTES if limit is None else limit
+        self.used = 0
 #: Handler tasks allowed at once per connection before the reader pauses.
 MAX_CONCURRENT_HANDLERS = 1024
 #: Outgoing messages (requests) queued per connection before ``request()`` waits.
@@ -235,6 +249,7 @@ class Connection(Transport):
         idle_timeout: float | None = IDLE_TIMEOUT,
         max_message_size: int = MAX_MESSAGE_SIZE,
         name: str = "",
+        gather_budget: GatherBudget | None = None,
     ) -> None:
         super().__init__(
             stream,
@@ -251,6 +266,7 @@ class Connection(Transport):
         self._sent_waiters: dict[int, trio.Event] = {}  # no-reply requests not fully written
         self._assembling: dict[tuple[int, int], _Assembly] = {}
         self._assembling_bytes = 0  # the sum of their sizes (MAX_ASSEMBLING_BYTES)
+        self._gather_budget = gather_budget  # shared with the server's other connections
         self._streams: dict[tuple[int, int], IncomingBody] = {}
         self._handler_room = trio.Event()
         self._active_handlers = 0
@@ -556,28 +572,39 @@ class Connection(Transport):
         else:
             self._start_assembly((RPY, number), event)
 
+    def _gathered(self, size: int) -> None:
+        self._assembling_bytes += size
+        if self._gather_budget is not None:
+            self._gather_budget.used += size
+
     def _start_assembly(self, key: tuple[int, int], event: MessageStart) -> None:
         assembly = self._assembling[key] = _Assembly(event)
-        self._assembling_bytes += assembly.size
+        self._gathered(assembly.size)
         self._check_assembling()
 
     def _check_assembling(self) -> bool:
-        """Close the connection (1009) when too much is being gathered; False then."""
-        if self._assembling_bytes <= MAX_ASSEMBLING_BYTES:
-            return True
-        self._fail_connection(f"more than {MAX_ASSEMBLING_BYTES} bytes of messages being gathered at once",
-                              CloseCode.MESSAGE_TOO_BIG)
-        return False
+        """Close the connection when too much is being gathered (1009 this connection, 1013
+        the server as a whole); False then."""
+        if self._assembling_bytes > MAX_ASSEMBLING_BYTES:
+            self._fail_connection(f"more than {MAX_ASSEMBLING_BYTES} bytes of messages being gathered at once",
+                                  CloseCode.MESSAGE_TOO_BIG)
+            return False
+        budget = self._gather_budget
+        if budget is not None and budget.used > budget.limit:
+            self._fail_connection(f"the server is gathering more than {budget.limit} bytes at once",
+                                  CloseCode.TRY_AGAIN_LATER)
+            return False
+        return True
 
     def _drop_assembly(self, key: tuple[int, int]) -> None:
-        self._assembling_bytes -= self._assembling.pop(key).size
+        self._gathered(-self._assembling.pop(key).size)
 
     def _on_assembly_data(
         self, key: tuple[int, int], assembly: _Assembly, event: MessageData
     ) -> None:
         assembly.parts.append(event.data)
         assembly.size += len(event.data)
-        self._assembling_bytes += len(event.data)
+        self._gathered(len(event.data))
         start = assembly.start
         if not self._check_assembling():
             return
@@ -701,7 +728,7 @@ class Connection(Transport):
             stream._fail(error)
         self._streams.clear()
         self._assembling.clear()
-        self._assembling_bytes = 0
+        self._gathered(-self._assembling_bytes)  # gives the server's budget back too
         self._handler_room.set()
 
 

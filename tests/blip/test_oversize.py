@@ -62,3 +62,36 @@ async def test_too_much_being_gathered_at_once_is_closed_with_1009(
     assert close is not None and close.code == CloseCode.MESSAGE_TOO_BIG
     with trio.fail_after(3):
         await ended.wait()
+
+
+async def test_a_servers_connections_together_are_bounded_too(
+    nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Several connections each under their own cap must not add up: the one that pushes the
+    server's total past its budget is closed with 1013, and the budget comes back when the
+    others close."""
+    monkeypatch.setattr(rpc, "MAX_ASSEMBLING_BYTES", 256 * 1024)
+
+    async def echo(request: blip.Request) -> blip.Reply:
+        return blip.Reply(body=request.body)
+
+    budget = rpc.GatherBudget(limit=400 * 1024)
+    server = await nursery.start(partial(blip.serve_listeners, await trio.open_tcp_listeners(0, host="127.0.0.1"),
+                                         APP, {"echo": echo}))
+    server.gather_budget = budget
+    head = encode_message_head({"Profile": "echo"})
+    first, second = await RawPeer.connect(server.port, APP), await RawPeer.connect(server.port, APP)
+    encoder1, encoder2 = FrameEncoder(), FrameEncoder()
+    for number in range(1, 4):  # 192 KiB begun on the first connection: under both caps
+        await first.send(encoder1.encode(number, MSG | MORE_COMING, head + b"\x01" * 65536))
+    with trio.fail_after(3):
+        while budget.used < 3 * 65536:
+            await trio.sleep(0.01)
+    for number in range(1, 5):  # 256 KiB more on the second: the server's total passes 400 KiB
+        await second.send(encoder2.encode(number, MSG | MORE_COMING, head + b"\x01" * 65536))
+    close = await second.closed_with(3)
+    assert close is not None and close.code == CloseCode.TRY_AGAIN_LATER
+    await first.stream.aclose()
+    with trio.fail_after(5):
+        while budget.used:
+            await trio.sleep(0.01)
