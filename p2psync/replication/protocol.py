@@ -988,7 +988,11 @@ class ReplicationProtocol:
         an empty local set, a difference too large to be worth it, a refusal, a collision,
         something left unapplied. ``stats``: where the fetches count their dependencies,
         attachments and bytes."""
-        view, our_head = yield LocalSetView(tenant, scope)
+        try:
+            view, our_head = yield LocalSetView(tenant, scope)
+        except PeerError as exc:
+            log.info("reconcile with %s: %s; replaying instead", self.remote_did, exc)
+            return None
         if view.count == 0:
             return None  # nothing to save: streaming the log is the faster way to fill a store
         recon = Reconciliation(view, collection=index or None, want_head=True)

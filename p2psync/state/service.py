@@ -14,8 +14,11 @@ commit: the trio driver awaits the group commit itself (:meth:`writer` gives it 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
+
+import apsw
 
 from p2psync.dwn.engine import Dwn
 from p2psync.dwn.errors import DwnError
@@ -237,15 +240,17 @@ class StoreService:
         return None if bounds is None or bounds.latest is None else bounds.latest.to_wire()
 
     def _answer_reconcile(self, request: fx.AnswerReconcile) -> dict[str, Any]:
-        head = self._log_head(request.tenant) if request.body.get("l") is True else None
-        reply = self.sketches.answer(request.tenant, request.scope, request.body)
+        with _set_reads():
+            head = self._log_head(request.tenant) if request.body.get("l") is True else None
+            reply = self.sketches.answer(request.tenant, request.scope, request.body)
         if request.body.get("l") is True:
             reply["l"] = head
         return reply
 
     def _local_set_view(self, request: fx.LocalSetView) -> tuple[Any, dict[str, Any] | None]:
-        head = self._log_head(request.tenant)
-        return self.sketches.view(request.tenant, request.scope, request.coder), head
+        with _set_reads():
+            head = self._log_head(request.tenant)
+            return self.sketches.view(request.tenant, request.scope, request.coder), head
 
     def _read_offered(self, request: fx.ReadOffered) -> bytes | None:
         data = self.store.data.get(request.tenant, request.record_id, request.data_cid)
@@ -296,3 +301,16 @@ class StoreService:
             self.committer.flush()
         except StoreUnavailable as exc:
             raise exc.as_refusal() from exc
+
+
+@contextmanager
+def _set_reads() -> Iterator[None]:
+    """A reconciliation's reads of the set need the write lock for a moment (to fold the
+    journal) and a connection outside any transaction: another process holding the lock past
+    the busy timeout, or an open transaction, is ``503 StoreBusy`` (a round then replays)."""
+    try:
+        yield
+    except apsw.BusyError as exc:
+        raise PeerError(503, "StoreBusy", "the store is locked by another writer; try again") from exc
+    except LocalMisuse as exc:
+        raise PeerError(503, "StoreBusy", str(exc)) from exc
