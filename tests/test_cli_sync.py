@@ -437,14 +437,19 @@ def test_continuous_sync_follows_new_writes_until_stopped(tmp_path: Path,
             [sys.executable, "-m", "p2psync", "--home", str(b), "sync", served.url, "--continuous", "--json"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
+        failure: AssertionError | None = None
         try:
             _wait_for(same, "the first catch-up")
             run_json(capsys, a, "write", "--data", "written while connected", "--data-format", "text/plain")
             assert not same()
             _wait_for(same, "the live write to arrive")
+        except AssertionError as exc:
+            failure = exc
         finally:
             proc.send_signal(signal.SIGINT)
             out, err = proc.communicate(timeout=EXIT_DEADLINE)
+        if failure is not None:  # say what the sync process said, not only that we gave up
+            raise AssertionError(f"{failure}; the sync process wrote: {err[-4000:]}") from failure
         assert proc.returncode == 0, err
         stopped = json.loads(out)
         assert stopped["stopped"] is True and stopped["pull"]["messages"] >= 1
