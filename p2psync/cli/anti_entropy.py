@@ -16,7 +16,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
-from typing import Any, Final, TextIO
+from typing import Any, TextIO
 
 import trio
 from tqdm import tqdm
@@ -29,9 +29,9 @@ from p2psync.dwn.did import Identity
 from p2psync.dwn.store import Store
 from p2psync.peer.peer import Peer, ReconcileSummary, RepairProgress
 from p2psync.replication.scope import SyncScope
+from p2psync.replication.sink import HELD_KINDS
 
 __all__ = [
-    "TAKEN_KINDS",
     "cmd_diff",
     "cmd_sync_or_repair",
     "diff_lines",
@@ -41,8 +41,6 @@ __all__ = [
 ]
 
 
-#: The peer's answers to a handed-over message after which it holds it (or a newer state).
-TAKEN_KINDS: Final = frozenset({"Applied", "Duplicate", "Superseded"})
 
 
 def _plural(n: int, word: str) -> str:
@@ -106,8 +104,8 @@ def repair_lines(summary: ReconcileSummary, direction: Direction, held: int) -> 
         lines.append(f"fetched nothing: --push does not fetch the {_plural(len(summary.remote_only), 'message')} "
                      "you lack")
     if summary.pushed:
-        took = {k: n for k, n in summary.pushed.items() if k in TAKEN_KINDS}
-        others = {k: n for k, n in summary.pushed.items() if k not in TAKEN_KINDS}
+        took = {k: n for k, n in summary.pushed.items() if k in HELD_KINDS}
+        others = {k: n for k, n in summary.pushed.items() if k not in HELD_KINDS}
         line = (f"handed over {_plural(sum(summary.pushed.values()), 'message')}: the peer took "
                 f"{sum(took.values()):,}")
         if took:

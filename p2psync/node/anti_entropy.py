@@ -24,6 +24,7 @@ from typing import Any, Final, Literal
 from p2psync.node.config import Direction
 from p2psync.peer.anti_entropy import ReconcileSummary
 from p2psync.peer.repair import REPAIRED
+from p2psync.replication.sink import HELD_KINDS
 
 __all__ = [
     "CHECK_TIMEOUT",
@@ -45,9 +46,6 @@ OUTCOMES: Final[tuple[CheckOutcome, ...]] = ("equal", "repaired", "unresolved", 
 #: period; what it fetched so far is kept. A check of equal replicas is one round trip, and a
 #: repair moves only the difference: ten minutes is a difference of many thousand messages.
 CHECK_TIMEOUT: Final = 600.0
-#: What the peer answered for a message it took from us (``f``) that counts as repaired: the
-#: ReplicationApplyResult kinds of :data:`~p2psync.peer.repair.REPAIRED`.
-_PUSH_SETTLED: Final = frozenset({"Applied", "Duplicate", "Superseded"})
 
 
 class AntiEntropySchedule:
@@ -136,9 +134,9 @@ def _outcome(summary: ReconcileSummary, direction: Direction, local_lacks: int,
                 unsettled["not fetched"] = missing
     if remote_lacks:  # a pushing link: what the peer took
         for kind, n in summary.pushed.items():
-            if kind not in _PUSH_SETTLED:
+            if kind not in HELD_KINDS:
                 unsettled[kind] = unsettled.get(kind, 0) + n
-        missing = remote_lacks - sum(n for kind, n in summary.pushed.items() if kind in _PUSH_SETTLED)
+        missing = remote_lacks - sum(n for kind, n in summary.pushed.items() if kind in HELD_KINDS)
         if missing > 0 and not unsettled:
             unsettled["not taken"] = missing
     if not unsettled:

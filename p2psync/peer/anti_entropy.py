@@ -153,6 +153,7 @@ class _AntiEntropy:
         self.summary = summary
         self.on_progress = on_progress
         self.tenant, self.scope = summary.tenant, summary.scope
+        self._local_count = 0
 
     async def run(self, repair: bool, pull: bool, push: bool) -> None:
         s = self.summary
@@ -171,7 +172,7 @@ class _AntiEntropy:
                 continue
             if not counted:  # the first exchange that got through (an attempt may have failed)
                 counted = True
-                s.local_count, s.remote_count = self._local_count(coder), result.remote_count
+                s.local_count, s.remote_count = self._local_count, result.remote_count
                 s.estimate = result.estimate
             if result.equal:
                 s.equal = True
@@ -202,11 +203,9 @@ class _AntiEntropy:
                 await self._push([d["cid"] for d in mine])
         s.unresolved = s.unresolved or "the sets still differ after every attempt"
 
-    def _local_count(self, coder: Coder) -> int:
-        return self.sketches.view(self.tenant, self.scope, coder).count
-
     async def _exchange(self, coder: Coder) -> ReconResult:
         view = self.sketches.view(self.tenant, self.scope, coder)
+        self._local_count = view.count  # the set this exchange compared
         recon = Reconciliation(view, collection=self.index or None)
         request: dict[str, Any] | None = recon.opening()
         while request is not None:

@@ -77,7 +77,7 @@ from p2psync.replication.recon import (
 )
 from p2psync.replication.round import SyncRound
 from p2psync.replication.scope import SyncScope
-from p2psync.replication.sink import Sink, durable
+from p2psync.replication.sink import HELD_KINDS, Sink, durable
 from p2psync.replication.source import Source, message_entry
 from p2psync.replication.stats import SyncStats
 from p2psync.replication.wire import (
@@ -130,9 +130,6 @@ MAX_DEPENDENCIES_IN_FLIGHT: Final = 16
 PROVE_NONCE_MIN, PROVE_NONCE_MAX = 16, 255
 #: Grants an active may bring per collection (§4.1, §12).
 MAX_GRANTS: Final = 8
-#: Result kinds after which a message is held (or something newer is): a gap repair that ends
-#: with only these lets the round resume after the peer's head.
-SETTLED_KINDS: Final = frozenset({"Applied", "Duplicate", "Superseded"})
 #: A round reconciles instead of replaying only while the estimated difference is at most this
 #: share of the source's set and within what a kept sketch decodes without a scan (~16,000):
 #: past that, most of the log would move anyway, and streaming it beats fetching by CID.
@@ -1035,7 +1032,8 @@ class ReplicationProtocol:
                 for kind, n in (counts.items() if isinstance(counts, dict) else ()):
                     if isinstance(kind, str) and isinstance(n, int):
                         taken[kind] = taken.get(kind, 0) + n
-        if any(kind not in SETTLED_KINDS for kind in (*fetched, *taken)):
+        # Only when every message both ways is held may the round resume after the heads.
+        if any(kind not in HELD_KINDS for kind in (*fetched, *taken)):
             return None
         return result.head, our_head, fetched, taken
 

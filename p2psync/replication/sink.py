@@ -64,7 +64,9 @@ __all__ = ["SETTLING_KINDS", "UNSETTLED_FROM", "Sink", "SinkHost", "check_data",
 log = logging.getLogger("p2psync.peer")
 
 #: Results that settle a token (§11's table).
-SETTLING_KINDS: Final = frozenset({"Applied", "Duplicate", "Superseded", "Invalid"})
+#: Results after which the receiver holds the message, or something newer that replaced it.
+HELD_KINDS: Final = frozenset({"Applied", "Duplicate", "Superseded"})
+SETTLING_KINDS: Final = HELD_KINDS | {"Invalid"}
 #: Link states a `rev` answered with a result that does not settle (``Incomplete``,
 #: ``Deferred``) moves to ``repairing`` from: a link is not ``live`` while a message it was
 #: offered did not apply (§11; a paused link stays paused).
