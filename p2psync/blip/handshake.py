@@ -10,6 +10,7 @@ The client side sends the opening handshake and asks for the subprotocol
 from __future__ import annotations
 
 import logging
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import KW_ONLY, dataclass, field
@@ -27,6 +28,7 @@ from websockets.uri import parse_uri
 from p2psync.blip.errors import ConnectionClosed
 from p2psync.blip.pumps import IDLE_TIMEOUT, PING_INTERVAL, RECEIVE_SIZE
 from p2psync.blip.rpc import MAX_MESSAGE_SIZE, Connection, GatherBudget, HandlerSpec
+from p2psync.blip.tls import TlsCertificate, TlsPinMismatch, client_context, fingerprint
 from p2psync.blip.wire import subprotocol_for
 
 log = logging.getLogger("p2psync.blip")
@@ -63,7 +65,7 @@ async def _client_handshake(
             if not isinstance(response, HttpResponse):
                 raise ConnectionClosed("WebSocket handshake failed: unexpected first event")
             if ws.handshake_exc is not None:
-                raise ConnectionClosed(f"WebSocket handshake failed: {ws.handshake_exc}")
+                raise ConnectionClosed(f"WebSocket handshake failed: {ws.handshake_exc}{_tls_hint(url)}")
             if ws.subprotocol != subprotocol:
                 raise ConnectionClosed(
                     f"WebSocket handshake failed: peer chose subprotocol {ws.subprotocol!r}, "
@@ -72,7 +74,12 @@ async def _client_handshake(
             return ws, events[1:]
         if not data:
             reason = ws.handshake_exc or "peer closed the stream"
-            raise ConnectionClosed(f"WebSocket handshake failed: {reason}")
+            raise ConnectionClosed(f"WebSocket handshake failed: {reason}{_tls_hint(url)}")
+
+
+def _tls_hint(url: str) -> str:
+    """A plain ``ws://`` dial to a TLS server reads no HTTP response: say what it may be."""
+    return " (does the peer serve wss://? try a wss:// URL)" if url.startswith("ws://") else ""
 
 
 
@@ -149,9 +156,12 @@ async def connect_stream(
     ping_interval: float | None = PING_INTERVAL,
     idle_timeout: float | None = IDLE_TIMEOUT,
     max_message_size: int = MAX_MESSAGE_SIZE,
+    server_certificate: bytes | None = None,
 ) -> AsyncIterator[Connection]:
     """Open a BLIP connection as the client over an already open stream (any trio Stream,
-    e.g. an in-memory one in tests). Closes the stream at the end."""
+    e.g. an in-memory one in tests). Closes the stream at the end. ``server_certificate``:
+    the DER certificate the server presented when ``stream`` is TLS (what the connection's
+    :attr:`~Connection.server_certificate` then says)."""
     subprotocol = subprotocol_for(app_id)
     try:
         with trio.fail_after(HANDSHAKE_TIMEOUT):
@@ -170,6 +180,7 @@ async def connect_stream(
         idle_timeout=idle_timeout,
         max_message_size=max_message_size,
     )
+    conn.server_certificate = server_certificate
     async with _running(conn, leftover) as running:
         yield running
 
@@ -185,6 +196,7 @@ async def accept_stream(
     idle_timeout: float | None = IDLE_TIMEOUT,
     max_message_size: int = MAX_MESSAGE_SIZE,
     gather_budget: GatherBudget | None = None,
+    server_certificate: bytes | None = None,
 ) -> AsyncIterator[Connection]:
     """Accept a BLIP connection as the server over an already open stream. Closes the stream
     at the end, and also when the handshake fails or is cancelled.
@@ -213,6 +225,7 @@ async def accept_stream(
         max_message_size=max_message_size,
         gather_budget=gather_budget,
     )
+    conn.server_certificate = server_certificate
     async with _running(conn, leftover) as running:
         yield running
 
@@ -227,19 +240,26 @@ async def connect(
     ping_interval: float | None = PING_INTERVAL,
     idle_timeout: float | None = IDLE_TIMEOUT,
     max_message_size: int = MAX_MESSAGE_SIZE,
+    pin: str | None = None,
 ) -> AsyncIterator[Connection]:
-    """Connect to a BLIP peer at ``ws://host:port/path``::
+    """Connect to a BLIP peer at ``ws://host:port/path`` or, over TLS, ``wss://...``::
 
-        async with blip.connect("ws://127.0.0.1:4984/_p2psync", handlers={...}) as conn:
+        async with blip.connect("wss://127.0.0.1:4984/_p2psync", handlers={...}) as conn:
             reply = await conn.request("echo", {"X": "1"}, b"body")
 
     ``handlers`` answer the requests the server sends us (either side may send requests).
+    ``pin``: the fingerprint (:func:`~p2psync.blip.tls.fingerprint`) the server's certificate
+    must have; another raises :class:`~p2psync.blip.tls.TlsPinMismatch` before anything is sent.
+    The server's certificate is not checked otherwise (see :mod:`p2psync.blip.tls`).
     """
     uri = parse_uri(url)
-    if uri.secure:
-        raise ValueError("wss:// is not supported yet; use ws://")
+    if pin is not None and not uri.secure:
+        raise ValueError(f"a certificate pin needs a wss:// URL, not {url}")
     with trio.fail_after(HANDSHAKE_TIMEOUT):
-        stream = await trio.open_tcp_stream(uri.host, uri.port)
+        stream: trio.abc.Stream = await trio.open_tcp_stream(uri.host, uri.port)
+        certificate = None
+        if uri.secure:
+            stream, certificate = await _tls_client(stream, uri.host, pin)
     async with connect_stream(
         stream,
         url,
@@ -248,8 +268,35 @@ async def connect(
         ping_interval=ping_interval,
         idle_timeout=idle_timeout,
         max_message_size=max_message_size,
+        server_certificate=certificate,
     ) as conn:
         yield conn
+
+
+async def _tls_client(
+    tcp: trio.abc.Stream, host: str, pin: str | None
+) -> tuple[trio.SSLStream[trio.abc.Stream], bytes]:
+    """The TLS handshake of a dialer, and the server's certificate (checked against ``pin``)."""
+    stream = trio.SSLStream(tcp, client_context(), server_hostname=host)
+    try:
+        await stream.do_handshake()
+        certificate = stream.getpeercert(binary_form=True)
+        if not certificate:
+            raise ConnectionClosed("TLS handshake failed: the server sent no certificate")
+        if pin is not None and fingerprint(certificate) != pin:
+            raise TlsPinMismatch(
+                f"the server's TLS certificate is {fingerprint(certificate)}, not the pinned {pin}"
+            )
+    except BaseException as exc:
+        with trio.CancelScope(shield=True):
+            await tcp.aclose()
+        if isinstance(exc, trio.BrokenResourceError):
+            why = exc.__cause__ if isinstance(exc.__cause__, ssl.SSLError) else exc
+            plain = any(sign in str(why) for sign in ("WRONG_VERSION_NUMBER", "UNEXPECTED_EOF", "HTTP_REQUEST"))
+            hint = " (is the peer serving plain ws://?)" if plain else ""
+            raise ConnectionClosed(f"TLS handshake with {host} failed: {why}{hint}") from exc
+        raise
+    return stream, certificate
 
 
 
@@ -279,6 +326,12 @@ class BlipServer:
     max_message_size: int = MAX_MESSAGE_SIZE
     #: Bytes being gathered across all its connections (MAX_SERVER_ASSEMBLING_BYTES).
     gather_budget: GatherBudget = field(default_factory=GatherBudget)
+    #: Serve TLS (``wss://``) with this certificate; None: plain ``ws://``.
+    tls: TlsCertificate | None = None
+
+    def __post_init__(self) -> None:
+        self._tls_context: ssl.SSLContext | None = None if self.tls is None else self.tls.server_context()
+        self._tls_der: bytes | None = None if self.tls is None else self.tls.der
 
     @property
     def port(self) -> int:
@@ -304,6 +357,9 @@ class BlipServer:
         failed handshake raises (:class:`ConnectionClosed`, ``trio.TooSlowError``) instead.
         """
         started = False
+        if self._tls_context is not None:
+            # The TLS handshake runs on the first read, inside accept_stream's deadline.
+            stream = trio.SSLStream(stream, self._tls_context, server_side=True)
         try:
             async with accept_stream(
                 stream,
@@ -313,6 +369,7 @@ class BlipServer:
                 idle_timeout=self.idle_timeout,
                 max_message_size=self.max_message_size,
                 gather_budget=self.gather_budget,
+                server_certificate=self._tls_der,
             ) as conn:
                 self.connections.add(conn)
                 try:
@@ -352,6 +409,7 @@ async def serve_listeners(
     ping_interval: float | None = PING_INTERVAL,
     idle_timeout: float | None = IDLE_TIMEOUT,
     max_message_size: int = MAX_MESSAGE_SIZE,
+    tls: TlsCertificate | None = None,
     task_status: trio.TaskStatus[BlipServer] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Accept BLIP connections on any trio listeners until cancelled (then closes them).
@@ -368,6 +426,7 @@ async def serve_listeners(
         ping_interval=ping_interval,
         idle_timeout=idle_timeout,
         max_message_size=max_message_size,
+        tls=tls,
     )
     task_status.started(server)
     await trio.serve_listeners(server.serve_stream, server.listeners)
@@ -384,9 +443,11 @@ async def serve(
     ping_interval: float | None = PING_INTERVAL,
     idle_timeout: float | None = IDLE_TIMEOUT,
     max_message_size: int = MAX_MESSAGE_SIZE,
+    tls: TlsCertificate | None = None,
     task_status: trio.TaskStatus[BlipServer] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Accept BLIP connections on ``host:port`` (any request path) until cancelled.
+    """Accept BLIP connections on ``host:port`` (any request path) until cancelled; over TLS
+    (``wss://``) with ``tls``'s certificate when given.
 
     Use with ``server = await nursery.start(serve, "127.0.0.1", 0, ...)``; ``server.port`` is
     the bound port. ``on_connect(conn)``, if given, runs in each connection's task group (e.g.
@@ -401,5 +462,6 @@ async def serve(
         ping_interval=ping_interval,
         idle_timeout=idle_timeout,
         max_message_size=max_message_size,
+        tls=tls,
         task_status=task_status,
     )

@@ -288,5 +288,10 @@ def _only_cancelled(exc: BaseException) -> bool:
 
 
 async def _send_eof(stream: trio.abc.Stream) -> None:
+    """End our direction of the stream, as the WebSocket closing handshake asks (RFC 6455 §7.1.1:
+    the server closes TCP first). TLS cannot half-close (its close_notify ends both directions),
+    so a TLS stream is closed whole: the handshake is over by then, there is nothing left to read."""
     if isinstance(stream, trio.abc.HalfCloseableStream):
         await stream.send_eof()
+    else:
+        await stream.aclose()

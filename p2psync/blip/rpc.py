@@ -270,6 +270,9 @@ class Connection(Transport):
         self._streams: dict[tuple[int, int], IncomingBody] = {}
         self._handler_room = trio.Event()
         self._active_handlers = 0
+        #: The DER certificate the TLS server of this connection presented (ours when we
+        #: serve), or None on a plain connection: what a channel binding is computed from.
+        self.server_certificate: bytes | None = None
 
     # ------------------------------------------------------------------ public API
 

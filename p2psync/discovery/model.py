@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Final, Literal
 
 from p2psync.discovery.txt import DiscoveryError, tenant_hash
-from p2psync.peer.endpoint import ws_url
+from p2psync.peer.endpoint import peer_url
 
 __all__ = [
     "DEFAULT_CAPABILITIES",
@@ -60,7 +60,8 @@ class Advert:
     ``tenants`` are the DIDs it syncs (hashed in the TXT record when ``private``); ``name`` is the
     instance name (default :func:`default_instance_name`); ``ttl`` the SRV/address records' TTL in
     seconds; ``addresses`` the IPs to publish (default: the addresses discovery is bound to, or
-    every non-loopback IPv4 address of the host) -- they should be where the peer listens.
+    every non-loopback IPv4 address of the host) -- they should be where the peer listens;
+    ``fingerprint`` that of the TLS certificate it serves ``wss://`` with (None: plain ``ws://``).
     """
 
     did: str
@@ -72,6 +73,7 @@ class Advert:
     capabilities: tuple[str, ...] = DEFAULT_CAPABILITIES
     ttl: int = DEFAULT_TTL
     addresses: tuple[str, ...] = ()
+    fingerprint: str | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.port <= 65535:
@@ -98,7 +100,8 @@ class PeerSeen:
 
     ``tenants`` holds DIDs, or hex hashes when ``tenants_hashed`` (then ``salt`` is the advert's
     salt); test membership with :meth:`shares`. ``last_seen`` is the ``time.time()`` at which its
-    records were last known to be live.
+    records were last known to be live. ``fingerprint``: its TLS certificate's, when it serves
+    ``wss://`` (a dialer pins it).
     """
 
     name: str
@@ -112,12 +115,14 @@ class PeerSeen:
     version: str
     capabilities: tuple[str, ...]
     last_seen: float = field(compare=False)
+    fingerprint: str | None = None
 
     def url(self) -> str:
-        """The ws URL of the first address (IPv4 first), as ``p2psync sync`` takes it."""
+        """The URL of the first address (IPv4 first), as ``p2psync sync`` takes it: ``wss://``
+        when the advert names a certificate, else ``ws://``."""
         if not self.addresses:
             raise DiscoveryError("NoAddress", f"{self.name} published no address")
-        return ws_url(self.addresses[0], self.port)
+        return peer_url(self.addresses[0], self.port, tls=self.fingerprint is not None)
 
     def shares(self, tenant: str) -> bool:
         """Whether the peer advertises ``tenant`` (a DID), in clear or as its salted hash."""

@@ -284,7 +284,8 @@ class Discovery:
         # A fresh salt per advert: hashes cannot be matched across adverts or restarts.
         salt = secrets.token_hex(SALT_BYTES) if advert.private else None
         txt = encode_txt(did=advert.did, sid=advert.sid, version=PROFILE_VERSION,
-                         capabilities=advert.capabilities, tenants=advert.tenants, salt=salt)
+                         capabilities=advert.capabilities, tenants=advert.tenants, salt=salt,
+                         fingerprint=advert.fingerprint)
         if advert.addresses:
             addresses = list(advert.addresses)
         elif self._interfaces:
@@ -452,6 +453,7 @@ class Discovery:
             version=record.version,
             capabilities=record.capabilities,
             last_seen=time.time(),
+            fingerprint=record.fingerprint,
         )
         previous = self._peers.get(key)
         self._peers[key] = peer

@@ -13,6 +13,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from p2psync.blip.tls import FINGERPRINT_RE
+
 __all__ = [
     "HASHES_PER_STRING",
     "MAX_TXT_BYTES",
@@ -53,6 +55,7 @@ _HEX_HASH_CHARS: Final = 2 * TENANT_HASH_BYTES
 _INDEXED = re.compile(r"([th])(0|[1-9][0-9]{0,7})")
 
 
+
 class DiscoveryError(Exception):
     """Discovery refused or failed: ``code`` names what (``AdvertInvalid``, ``AdvertTooLarge``,
     ``TxtInvalid``, ``BindFailed``, ``RegisterFailed``, ``AlreadyRunning``, ``NotRunning``, ``NoAddress``),
@@ -74,6 +77,7 @@ class TxtRecord:
     capabilities: tuple[str, ...]
     tenants: tuple[str, ...]
     salt: str | None = None
+    fingerprint: str | None = None
 
     @property
     def hashed(self) -> bool:
@@ -112,11 +116,13 @@ def encode_txt(
     capabilities: Sequence[str],
     tenants: Iterable[str],
     salt: str | None = None,
+    fingerprint: str | None = None,
 ) -> bytes:
     """The TXT RDATA for an advert: length-prefixed ``key=value`` strings in the spec's order.
 
     With ``salt`` (hex of :data:`SALT_BYTES` bytes) tenants are published as hashes, otherwise in
-    clear. Raises ``DiscoveryError("AdvertInvalid")`` for a value the format cannot carry and
+    clear; ``fingerprint`` is the TLS certificate's (a ``wss://`` node). Raises
+    ``DiscoveryError("AdvertInvalid")`` for a value the format cannot carry and
     ``DiscoveryError("AdvertTooLarge")`` past :data:`MAX_TXT_BYTES`.
     """
     _check_did("did", did)
@@ -137,6 +143,10 @@ def encode_txt(
         _string("sid", sid),
         _string("caps", ",".join(capabilities)),
     ]
+    if fingerprint is not None:
+        if not FINGERPRINT_RE.fullmatch(fingerprint):
+            raise DiscoveryError("AdvertInvalid", f"fingerprint must be 43 base64url characters: {fingerprint!r}")
+        strings.append(_string("tls", fingerprint))
     if salt is None:
         strings += [_string(f"t{i}", tenant) for i, tenant in enumerate(unique)]
     else:
@@ -211,6 +221,9 @@ def decode_txt(rdata: bytes) -> TxtRecord:
     capabilities = tuple(c for c in pairs["caps"].split(",") if c)
     if not all(_CAPABILITY.fullmatch(c) for c in capabilities):
         raise DiscoveryError("TxtInvalid", f"caps {pairs['caps']!r}")
+    fingerprint = pairs.get("tls")
+    if fingerprint is not None and not FINGERPRINT_RE.fullmatch(fingerprint):
+        raise DiscoveryError("TxtInvalid", f"tls {fingerprint!r} is not a certificate fingerprint")
     clear = _indexed(pairs, "t")
     hashed = _indexed(pairs, "h")
     salt = pairs.get("salt")
@@ -222,7 +235,7 @@ def decode_txt(rdata: bytes) -> TxtRecord:
                 _check_did("tenant", tenant)
             except DiscoveryError as exc:
                 raise DiscoveryError("TxtInvalid", exc.detail) from None
-        return TxtRecord(did, sid, version, capabilities, tuple(clear))
+        return TxtRecord(did, sid, version, capabilities, tuple(clear), fingerprint=fingerprint)
     if clear:
         raise DiscoveryError("TxtInvalid", "both t<N> and salt: a record is either clear or private")
     if len(salt) != 2 * SALT_BYTES or not _is_hex(salt):
@@ -232,7 +245,7 @@ def decode_txt(rdata: bytes) -> TxtRecord:
         if not packed or len(packed) % _HEX_HASH_CHARS or not _is_hex(packed):
             raise DiscoveryError("TxtInvalid", "an h<N> value is not a run of 16-hex-digit hashes")
         hashes += [packed[i : i + _HEX_HASH_CHARS] for i in range(0, len(packed), _HEX_HASH_CHARS)]
-    return TxtRecord(did, sid, version, capabilities, tuple(hashes), salt)
+    return TxtRecord(did, sid, version, capabilities, tuple(hashes), salt, fingerprint)
 
 
 def _indexed(pairs: dict[str, str], letter: str) -> list[str]:

@@ -22,7 +22,9 @@ from typing import Any, Final, Literal
 
 from websockets.uri import parse_uri
 
+from p2psync.blip.tls import FINGERPRINT_RE
 from p2psync.dwn.errors import DwnError
+from p2psync.peer.endpoint import is_loopback, plain_ws_refused
 from p2psync.replication.scope import SyncScope
 
 __all__ = [
@@ -100,11 +102,13 @@ class TenantConfig:
 
 @dataclass(frozen=True)
 class StaticPeer:
-    """A peer the node always dials: its ``ws://`` URL and the tenants to sync with it (None:
-    every configured tenant)."""
+    """A peer the node always dials: its ``wss://`` (or ``ws://``) URL, the tenants to sync with
+    it (None: every configured tenant) and the fingerprint its TLS certificate must have (None:
+    any; the hello proof still binds the connection)."""
 
     url: str
     tenants: tuple[str, ...] | None = None
+    pin: str | None = None
 
 
 @dataclass(frozen=True)
@@ -116,6 +120,8 @@ class NodeConfig:
     name: str | None = None  # advertised instance name; None: the host name
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
+    tls: bool | None = None  # None: TLS unless the node listens on loopback only
+    insecure: bool = False  # allow plain ws:// beyond loopback (serving and dialing)
     discovery: bool | None = None  # None: on unless the node listens on loopback only
     interfaces: tuple[str, ...] | None = None  # None: the listen address (all when 0.0.0.0)
     private: bool = False
@@ -133,10 +139,25 @@ class NodeConfig:
     def check(self) -> None:
         """Checks between settings (each one is checked on its own as it is parsed); raises
         :class:`ConfigError` naming the key."""
+        if not self.tls_enabled and not is_loopback(self.host) and not self.insecure:
+            raise ConfigError("configuration", "listen.tls",
+                              f"plain ws:// on {self.host} would let anyone on the network read the sync; "
+                              "leave TLS on, or set listen.insecure (--insecure) to allow it")
+        for i, peer in enumerate(self.peers):
+            refused = plain_ws_refused(peer.url)
+            if refused is not None and not self.insecure:
+                raise ConfigError("configuration", f"peer[{i}].url", refused)
+            if peer.pin is not None and not peer.url.startswith("wss://"):
+                raise ConfigError("configuration", f"peer[{i}].pin", "a certificate pin needs a wss:// URL")
         if self.anti_entropy_max_interval < self.anti_entropy_interval:
             raise ConfigError("configuration", "anti_entropy.max_interval",
                               f"must be at least anti_entropy.interval ({self.anti_entropy_interval:g}), "
                               f"not {self.anti_entropy_max_interval:g}")
+
+    @property
+    def tls_enabled(self) -> bool:
+        """TLS as configured, else on unless listening on loopback (where nobody else reads)."""
+        return self.tls if self.tls is not None else not is_loopback(self.host)
 
     @property
     def discovery_enabled(self) -> bool:
@@ -170,16 +191,6 @@ class NodeConfig:
                     raise ConfigError("configuration", f"peer[{i}].tenants",
                                       f"{did} is not one of the node's tenants")
         return resolved
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` is a loopback address (or ``localhost``)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 # --------------------------------------------------------------------------- value parsers
@@ -258,9 +269,16 @@ def _url(value: Any) -> str:
     try:
         uri = parse_uri(text)
     except Exception as exc:  # InvalidURI, or ValueError for a bad port
-        raise ValueError(f"{text} is not a ws:// URL ({exc})") from None
-    if uri.secure:
-        raise ValueError(f"{text}: wss:// is not supported yet; use ws://")
+        raise ValueError(f"{text} is not a wss:// or ws:// URL ({exc})") from None
+    del uri
+    return text
+
+
+def _fingerprint(value: Any) -> str:
+    text = _text(value)
+    if not FINGERPRINT_RE.fullmatch(text):
+        raise ValueError(f"{text!r} is not a certificate fingerprint (43 base64url characters, "
+                         "as `p2psync tls show` prints)")
     return text
 
 
@@ -351,6 +369,8 @@ KEYS: Final[dict[str, _Key]] = {
     "log_level": _Key("log_level", _level, "P2PSYNC_LOG_LEVEL"),
     "listen.host": _Key("host", _host, "P2PSYNC_HOST"),
     "listen.port": _Key("port", _port, "P2PSYNC_PORT"),
+    "listen.tls": _Key("tls", _bool, "P2PSYNC_TLS"),
+    "listen.insecure": _Key("insecure", _bool, "P2PSYNC_INSECURE"),
     "discovery.enabled": _Key("discovery", _bool, "P2PSYNC_DISCOVERY"),
     "discovery.interfaces": _Key("interfaces", _list(_address), "P2PSYNC_INTERFACES"),
     "discovery.private": _Key("private", _bool, "P2PSYNC_PRIVATE"),
@@ -370,7 +390,7 @@ ENV_VARS: Final = (CONFIG_ENV, *(k.env for k in KEYS.values() if k.env), PEERS_E
 
 _TABLES: Final = frozenset(k.split(".")[0] for k in KEYS if "." in k)
 _TENANT_KEYS: Final = frozenset({"did", "direction", "scopes"})
-_PEER_KEYS: Final = frozenset({"url", "tenants"})
+_PEER_KEYS: Final = frozenset({"url", "tenants", "pin"})
 
 
 #: Parsers of values that a file gives as TOML numbers or booleans, and what each expects.
@@ -472,7 +492,8 @@ def _peers(where: str, value: Any) -> tuple[StaticPeer, ...]:
             raise ConfigError(where, f"peer[{i}].url", "is required")
         url = _check(where, f"peer[{i}].url", _url, table["url"])
         tenants = _check(where, f"peer[{i}].tenants", _list(_did), table["tenants"]) if "tenants" in table else None
-        out.append(StaticPeer(url, tenants))
+        pin = _check(where, f"peer[{i}].pin", _fingerprint, table["pin"]) if "pin" in table else None
+        out.append(StaticPeer(url, tenants, pin))
     _no_duplicate_urls(where, "peer", out)
     return tuple(out)
 
@@ -508,6 +529,8 @@ FLAGS: Final[dict[str, tuple[str, Callable[[Any], Any]]]] = {
     "log_level": ("--log-level", _level),
     "host": ("--host", _host),
     "port": ("--port", _port),
+    "tls": ("--tls", _bool),
+    "insecure": ("--insecure", _bool),
     "discovery": ("--discovery", _bool),
     "interfaces": ("--interface", _list(_address)),
     "private": ("--private", _bool),

@@ -26,6 +26,7 @@ from typing import Any, Final, Literal
 import trio
 
 from p2psync import blip, errors
+from p2psync.blip.tls import TlsCertificate, channel_binding
 from p2psync.dwn.did import Identity
 from p2psync.dwn.engine import Dwn
 from p2psync.dwn.store import Store
@@ -48,8 +49,7 @@ from p2psync.state.service import StoreService
 
 __all__ = [
     "AGENT", "CHECKPOINT_INTERVAL", "Peer", "ReconcileSummary", "RepairProgress", "RepairSummary", "SyncProgress",
-    "SyncStats",
-    "SyncSummary", "WantedMessage",
+    "SyncStats", "SyncSummary", "WantedMessage", "dialer",
 ]
 
 log = logging.getLogger("p2psync.peer")
@@ -82,6 +82,8 @@ class Peer:
     default a :class:`~p2psync.state.authz.ReadAuthorizer` over ``store``. ``max_data``:
     the largest record data this peer takes (default 100 MiB, §12); larger items are answered
     413, counted as ``DataTooLarge`` in the sync's results and logged, and never fetched.
+    ``tls``: serve ``wss://`` with this certificate (None: plain ``ws://``). Either way, each
+    connection's ``hello`` proofs sign its TLS channel (the server certificate's hash).
     """
 
     def __init__(
@@ -95,8 +97,10 @@ class Peer:
         max_unanswered_revs: int | None = None,
         max_data: int | None = None,
         rng: random.Random | None = None,
+        tls: TlsCertificate | None = None,
     ) -> None:
         self.store = store
+        self.tls = tls
         self.identity = identity
         self.dwn = Dwn(store)
         self.ledger = Ledger.for_store(store)
@@ -122,7 +126,7 @@ class Peer:
 
     # -- sessions ---------------------------------------------------------------------------
 
-    def _new_session(self, active: bool) -> PeerSession:
+    def _new_session(self, active: bool, channel: str | None) -> PeerSession:
         extra: dict[str, Any] = {}
         if self.max_unanswered_revs is not None:
             extra["max_unanswered_revs"] = self.max_unanswered_revs
@@ -130,7 +134,7 @@ class Peer:
             extra["max_data"] = self.max_data
         proto = ReplicationProtocol(
             identity=self.identity, mine=new_hello(self.identity.did, self.store_id, AGENT), active=active,
-            accept_push=self.accept_push, stores=self.stores, observer=self.metrics, **extra,
+            accept_push=self.accept_push, stores=self.stores, observer=self.metrics, channel=channel, **extra,
         )
         return PeerSession(proto, self.service)
 
@@ -138,7 +142,7 @@ class Peer:
         """The session of ``conn`` (made on first use)."""
         session = self._sessions.get(conn)
         if session is None:
-            session = self._new_session(active)
+            session = self._new_session(active, channel_binding(conn.server_certificate))
             session.attach(conn)
             self._sessions[conn] = session
         return session
@@ -191,7 +195,7 @@ class Peer:
     ) -> None:
         """Serve the passive role until cancelled (``server = await nursery.start(peer.serve, ...)``)."""
         await blip.serve(host, port, APP_ID, self.handlers(active=False), on_connect=self._on_connect,
-                         task_status=task_status)
+                         tls=self.tls, task_status=task_status)
 
     # -- active -----------------------------------------------------------------------------
 
@@ -203,14 +207,7 @@ class Peer:
         self._retry_now = trio.Event()
 
     def _connector(self, target: str | Connector) -> Connector:
-        if not isinstance(target, str):
-            return target
-        url = target
-
-        def connect(handlers: dict[str, Any]) -> AbstractAsyncContextManager[blip.Connection]:
-            return blip.connect(url, app_id=APP_ID, handlers=handlers)
-
-        return connect
+        return dialer(target) if isinstance(target, str) else target
 
     async def sync(
         self,
@@ -305,6 +302,16 @@ class Peer:
             self, self.service.sketches, self._connector(target), tenant=tenant, scope=scope, repair=repair,
             pull=direction in ("pull", "both"), push=direction in ("push", "both"), on_progress=on_progress,
         )
+
+
+def dialer(url: str, *, pin: str | None = None) -> Connector:
+    """A connector to the peer at ``url`` (``wss://`` or ``ws://``), for :meth:`Peer.sync` and
+    the other active calls; ``pin``: the fingerprint the server's TLS certificate must have."""
+
+    def connect(handlers: dict[str, Any]) -> AbstractAsyncContextManager[blip.Connection]:
+        return blip.connect(url, app_id=APP_ID, handlers=handlers, pin=pin)
+
+    return connect
 
 
 class _Round:

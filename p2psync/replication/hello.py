@@ -1,7 +1,10 @@
 """``hello``: mutual proof of DID control (replication-profiles.md §3).
 
 Each peer sends a Hello with a fresh nonce; each answers the other's with a General JWS whose
-payload binds both DIDs, both storeIds and both nonces. Sans-I/O: build, parse, prove, verify.
+payload binds both DIDs, both storeIds, both nonces and, over TLS, the channel: the server
+certificate's hash (RFC 5929 ``tls-server-end-point``), as each side saw it. A relay that
+terminates TLS on both sides shows each side a different certificate, so neither accepts the
+proof it forwards (``HelloChannelMismatch``). Sans-I/O: build, parse, prove, verify.
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ from p2psync.dwn.errors import DwnError
 from p2psync.dwn.jws import sign_payload, verify
 from p2psync.replication.wire import HELLO_NONCE_BYTES, PROFILE_VERSION, SUBPROTOCOL, refuse
 
-__all__ = ["HELLO_PURPOSE", "Hello", "HelloProofInvalid", "make_proof", "new_hello", "verify_proof"]
+__all__ = [
+    "HELLO_PURPOSE", "Hello", "HelloChannelMismatch", "HelloProofInvalid", "make_proof", "new_hello", "verify_proof"
+]
 
 #: Domain separation of hello proofs (§3): no DWN authorization payload carries it.
 HELLO_PURPOSE: Final = "p2psync-hello/1"
@@ -32,6 +37,15 @@ _PAYLOAD_MEMBERS: Final = frozenset(
 
 class HelloProofInvalid(Exception):
     """The other peer's proof failed a check of §3 (the connection closes: 401)."""
+
+    name = "HelloProofInvalid"
+
+
+class HelloChannelMismatch(HelloProofInvalid):
+    """The proof is the other peer's, over both hellos, but for another TLS channel (or for a
+    plain one where ours is TLS, or the reverse): something in between relays the connection."""
+
+    name = "HelloChannelMismatch"
 
 
 @dataclass(frozen=True)
@@ -81,8 +95,8 @@ def new_hello(did: str, store_id: str, agent: str | None = None) -> Hello:
     return Hello(did, store_id, secrets.token_bytes(HELLO_NONCE_BYTES), agent)
 
 
-def _payload(signer: Hello, peer: Hello) -> dict[str, str]:
-    return {
+def _payload(signer: Hello, peer: Hello, channel: str | None) -> dict[str, str]:
+    payload = {
         "purpose": HELLO_PURPOSE,
         "subprotocol": SUBPROTOCOL,
         "signer": signer.did,
@@ -92,15 +106,20 @@ def _payload(signer: Hello, peer: Hello) -> dict[str, str]:
         "peerStoreId": peer.store_id,
         "peerNonce": b64url_encode(peer.nonce),
     }
+    if channel is not None:
+        payload["channel"] = channel
+    return payload
 
 
-def make_proof(identity: Identity, mine: Hello, theirs: Hello) -> dict[str, Any]:
-    """Our reply to ``theirs``: a JWS by ``identity`` over both hellos (§3)."""
-    return sign_payload(_payload(mine, theirs), identity)
+def make_proof(identity: Identity, mine: Hello, theirs: Hello, channel: str | None = None) -> dict[str, Any]:
+    """Our reply to ``theirs``: a JWS by ``identity`` over both hellos and the connection's
+    ``channel`` binding (:func:`p2psync.blip.tls.channel_binding`; None on plain ``ws://``)."""
+    return sign_payload(_payload(mine, theirs, channel), identity)
 
 
-def verify_proof(proof: Any, mine: Hello, theirs: Hello) -> None:
-    """Check the other peer's proof over our nonce (§3 checks 1-4); raise ``HelloProofInvalid``."""
+def verify_proof(proof: Any, mine: Hello, theirs: Hello, channel: str | None = None) -> None:
+    """Check the other peer's proof over our nonce and the channel as we see it (§3 checks
+    1-5); raise ``HelloProofInvalid`` (``HelloChannelMismatch`` when only the channel differs)."""
     try:
         if not isinstance(proof, dict) or not isinstance(proof.get("payload"), str):
             raise HelloProofInvalid("proof must be a General JWS")
@@ -124,7 +143,11 @@ def verify_proof(proof: Any, mine: Hello, theirs: Hello) -> None:
         raise
     except (DwnError, ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
         raise HelloProofInvalid(f"proof does not verify: {exc}") from exc
-    if not isinstance(payload, dict) or set(payload) != _PAYLOAD_MEMBERS:
-        raise HelloProofInvalid("payload must have exactly the eight hello members")
-    if payload != _payload(theirs, mine):
+    if not isinstance(payload, dict) or set(payload) - {"channel"} != _PAYLOAD_MEMBERS:
+        raise HelloProofInvalid("payload must have exactly the eight hello members and an optional channel")
+    if payload != _payload(theirs, mine, channel):
+        signed = payload.pop("channel", None)
+        if payload == _payload(theirs, mine, None):
+            raise HelloChannelMismatch(f"the proof is for channel {signed or 'plain'}, this connection is "
+                                       f"{channel or 'plain'}")
         raise HelloProofInvalid("payload does not match the two hellos")

@@ -181,8 +181,11 @@ class ReplicationProtocol:
         max_unanswered_revs: int = MAX_UNANSWERED_REVS,
         max_data: int = DEFAULT_MAX_DATA,
         observer: SyncObserver = NO_OBSERVER,
+        channel: str | None = None,
     ) -> None:
         self.identity = identity
+        #: the connection's channel binding both hello proofs sign (None: plain ws://)
+        self.channel = channel
         self.mine = mine
         self.active = active
         self.accept_push = accept_push
@@ -566,12 +569,13 @@ class ReplicationProtocol:
                 reply: Response = yield Call("hello", {}, encode_body(self.mine.to_wire()), urgent=True)
                 while self.theirs is None:
                     yield from self._hello_wait()
-                verify_proof(decode_map(reply.body).get("proof"), self.mine, self.theirs)
+                verify_proof(decode_map(reply.body).get("proof"), self.mine, self.theirs, self.channel)
                 while not self._replied:
                     yield from self._hello_wait()
             except (HelloProofInvalid, PeerError, HelloTimeout) as exc:
                 log.info("hello failed: %s", exc)
-                name = "HelloTimeout" if isinstance(exc, HelloTimeout) else "HelloProofInvalid"
+                name = ("HelloTimeout" if isinstance(exc, HelloTimeout)
+                        else exc.name if isinstance(exc, HelloProofInvalid) else "HelloProofInvalid")
                 if not self.closed:
                     self._out.append(CloseConnection(1008, f"P2PSync 401 {name}"))
                 raise HelloFailed(str(exc) or type(exc).__name__) from exc
@@ -604,7 +608,7 @@ class ReplicationProtocol:
             # The passive starts its own hello here at the latest; ours goes out before this reply.
             self.start_hello()
             yield YIELD
-        proof = make_proof(self.identity, self.mine, theirs)
+        proof = make_proof(self.identity, self.mine, theirs, self.channel)
         self._replied = True
         self._hello_changed.fire()
         return SendReply(0, {}, encode_body({"proof": proof}), urgent=True)

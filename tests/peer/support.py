@@ -70,8 +70,9 @@ def assert_same(a: Store, b: Store, tenant: Identity, *, events: bool = True) ->
 
 @asynccontextmanager
 async def served(peer: Peer) -> AsyncIterator[str]:
-    """Serve ``peer`` on 127.0.0.1 for the block; yields its ws URL."""
+    """Serve ``peer`` on 127.0.0.1 for the block; yields its URL (``wss://`` when it has a
+    TLS certificate)."""
     async with trio.open_nursery() as nursery:
         server = await nursery.start(peer.serve, "127.0.0.1", 0)
-        yield f"ws://127.0.0.1:{server.port}/_p2psync"
+        yield f"{'wss' if peer.tls is not None else 'ws'}://127.0.0.1:{server.port}/_p2psync"
         nursery.cancel_scope.cancel()

@@ -15,7 +15,14 @@ from p2psync.dwn.records_write import RecordsWrite
 from p2psync.dwn.store import Store
 from p2psync.peer.peer import Peer
 from p2psync.peer.session import HelloFailed
-from p2psync.replication.hello import Hello, HelloProofInvalid, make_proof, new_hello, verify_proof
+from p2psync.replication.hello import (
+    Hello,
+    HelloChannelMismatch,
+    HelloProofInvalid,
+    make_proof,
+    new_hello,
+    verify_proof,
+)
 from p2psync.replication.wire import APP_ID, PeerError, decode_body, encode_body
 from tests.replication.support import chat_world, process_all, snapshot
 
@@ -110,6 +117,21 @@ def test_verify_proof_checks() -> None:
     with pytest.raises(HelloProofInvalid):
         stale = Hello(b.did, b.store_id, bytes(32))
         verify_proof(make_proof(alice, a, stale), b, a)  # over another nonce
+
+
+def test_a_proof_binds_the_tls_channel() -> None:
+    alice, bob = Identity.generate(), Identity.generate()
+    a = new_hello(alice.did, "00000000-0000-4000-8000-00000000000a")
+    b = new_hello(bob.did, "00000000-0000-4000-8000-00000000000b")
+    ours, relays = "tls-server-end-point:" + "A" * 43, "tls-server-end-point:" + "B" * 43
+    verify_proof(make_proof(alice, a, b, ours), b, a, ours)
+    for signed, seen in ((relays, ours), (None, ours), (ours, None)):
+        # Another certificate (a relay's), a plain proof over TLS, a TLS proof over plain.
+        with pytest.raises(HelloChannelMismatch, match="channel"):
+            verify_proof(make_proof(alice, a, b, signed), b, a, seen)
+    with pytest.raises(HelloProofInvalid) as info:  # another nonce and another channel: not a relay
+        verify_proof(make_proof(alice, a, Hello(b.did, b.store_id, bytes(32)), relays), b, a, ours)
+    assert not isinstance(info.value, HelloChannelMismatch)
 
 
 async def test_hello_fails_against_forging_server(tmp_path: Path) -> None:
