@@ -260,8 +260,8 @@ def test_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str
     tenant = run(capsys, a, "whoami")[1].strip()
     plain_writes(capsys, a, "a", 2)
 
-    assert "is not a ws:// URL" in one_line(*run(capsys, a, "diff", "http://127.0.0.1:1/"))
-    assert "is not a ws:// URL" in one_line(*run(capsys, a, "diff", "ws://127.0.0.1:port/_p2psync"))
+    assert "is not a wss:// or ws:// URL" in one_line(*run(capsys, a, "diff", "http://127.0.0.1:1/"))
+    assert "is not a wss:// or ws:// URL" in one_line(*run(capsys, a, "diff", "ws://127.0.0.1:port/_p2psync"))
     assert "is not a DID" in one_line(*run(capsys, a, "diff", "ws://127.0.0.1:1/", "--tenant", "alice"))
     assert "--protocol" in one_line(*run(capsys, a, "diff", "ws://127.0.0.1:1/", "--protocol", "not a url"))
     url = f"ws://127.0.0.1:{free_port()}/_p2psync"
@@ -269,7 +269,7 @@ def test_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert "run `p2psync init` first" in one_line(*run(capsys, tmp_path / "nobody", "diff", url))
     err = one_line(*run(capsys, a, "sync", url, "--repair", "--continuous"))
     assert "cannot be combined with --continuous" in err
-    assert "is not a ws:// URL" in one_line(*run(capsys, a, "sync", "http://x/", "--repair"))
+    assert "is not a wss:// or ws:// URL" in one_line(*run(capsys, a, "sync", "http://x/", "--repair"))
 
     with serving(a) as served:
         # A tenant neither node knows: the peer's refusal (no grant from it), one line.

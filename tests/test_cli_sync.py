@@ -59,6 +59,7 @@ class Served:
     url: str
     did: str
     store_id: str
+    fingerprint: str | None = None  # of its TLS certificate, when it serves wss://
 
 
 def _line_reader(proc: subprocess.Popen[str]) -> queue.Queue[str]:
@@ -86,22 +87,25 @@ def _next_line(lines: queue.Queue[str], deadline: float) -> str:
 
 
 @contextmanager
-def serving(home: Path, stop: signal.Signals = signal.SIGTERM) -> Iterator[Served]:
-    """``p2psync --home HOME serve --port 0`` in a child process; stopped with ``stop``, which
-    must end it cleanly (exit 0, 'stopped')."""
+def serving(home: Path, stop: signal.Signals = signal.SIGTERM, *flags: str) -> Iterator[Served]:
+    """``p2psync --home HOME serve --port 0 FLAGS`` in a child process; stopped with ``stop``,
+    which must end it cleanly (exit 0, 'stopped')."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "p2psync", "--home", str(home), "serve", "--port", "0"],
+        [sys.executable, "-m", "p2psync", "--home", str(home), "serve", "--port", "0", *flags],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     lines = _line_reader(proc)
     try:
         deadline = time.monotonic() + STARTUP_DEADLINE
         first = _next_line(lines, deadline)
-        match = re.fullmatch(r"serving (ws://127\.0\.0\.1:(\d+)/_p2psync)\n", first)
+        match = re.fullmatch(r"serving (wss?://127\.0\.0\.1:(\d+)/_p2psync)\n", first)
         assert match is not None and int(match[2]) > 0, first
+        fingerprint = None
+        if match[1].startswith("wss://"):
+            fingerprint = _next_line(lines, deadline).removeprefix("tls: ").strip()
         did = _next_line(lines, deadline).removeprefix("did: ").strip()
         sid = _next_line(lines, deadline).removeprefix("storeId: ").strip()
-        yield Served(proc, match[1], did, sid)
+        yield Served(proc, match[1], did, sid, fingerprint)
     finally:
         if proc.poll() is None:
             proc.send_signal(stop)
@@ -242,6 +246,45 @@ def test_second_device_pulls_and_replicas_match(tmp_path: Path, capsys: pytest.C
         assert digest(capsys, b) == digest(capsys, a) != before
 
 
+def test_sync_over_tls_with_the_pinned_certificate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a, b, did = two_devices(tmp_path, capsys)
+    write_notes(capsys, a, tmp_path, "a", 3)
+    code, out, _ = run(capsys, a, "tls", "show", "--json")
+    assert code == 0
+    shown = json.loads(out)
+    with serving(a, signal.SIGTERM, "--tls") as served:
+        assert served.url.startswith("wss://") and served.fingerprint == shown["fingerprint"]
+        code, out, err = run(capsys, b, "sync", served.url, "--pin", shown["fingerprint"], "--json")
+        assert code == 0, err
+        assert digest(capsys, b) == digest(capsys, a)
+        assert run(capsys, tmp_path / "c", "init")[0] == 0
+        wrong = run_json(capsys, tmp_path / "c", "tls", "show", "--json")
+        code, _, err = run(capsys, b, "sync", served.url, "--pin", wrong["fingerprint"])
+        assert code == 1 and err.count("\n") == 1 and f"is {shown['fingerprint']}, not the pinned" in err
+        code, _, err = run(capsys, b, "sync", served.url.replace("wss://", "ws://"))
+        assert code == 1 and err.count("\n") == 1 and "does the peer serve wss://" in err
+        status = run_json(capsys, a, "status", "--json")
+        assert status["node"]["fingerprint"] == shown["fingerprint"]
+    # A rotated certificate is a new fingerprint; the old pin no longer matches.
+    code, out, _ = run(capsys, a, "tls", "rotate")
+    assert code == 0 and f"(was {shown['fingerprint']})" in out
+    assert run_json(capsys, a, "tls", "show", "--json")["fingerprint"] != shown["fingerprint"]
+
+
+def test_plain_ws_beyond_loopback_needs_insecure(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    home = tmp_path / "a"
+    assert run(capsys, home, "init")[0] == 0
+    for argv, says in (
+        (["sync", "ws://192.0.2.7:4984/_p2psync"], "is plain ws:// to another host"),
+        (["diff", "ws://192.0.2.7:4984/_p2psync"], "is plain ws:// to another host"),
+        (["sync", "wss://192.0.2.7:4984/_p2psync", "--pin", "short"], "is not a certificate fingerprint"),
+        (["sync", "ws://127.0.0.1:4984/_p2psync", "--pin", "A" * 43], "--pin needs a wss:// URL"),
+        (["serve", "--host", "0.0.0.0", "--no-tls", "--port", "0"], "listen.tls: plain ws:// on 0.0.0.0"),
+    ):
+        code, _, err = run(capsys, home, *argv)
+        assert code == 1 and err.count("\n") == 1 and says in err and "Traceback" not in err, (argv, err)
+
+
 # --------------------------------------------------------------------------- refusals
 
 
@@ -264,7 +307,7 @@ def test_sync_refusals_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert code == 1 and "cannot connect" in err and "Connection refused" in err and err.count("\n") == 1
 
     code, _, err = run(capsys, other, "sync", "http://127.0.0.1:1/")
-    assert code == 1 and "is not a ws:// URL" in err
+    assert code == 1 and "is not a wss:// or ws:// URL" in err
 
     code, _, err = run(capsys, other, "sync", "ws://127.0.0.1:1/", "--tenant", "alice")
     assert code == 1 and "is not a DID" in err

@@ -31,12 +31,14 @@ from p2psync.cli.local import (
     cmd_read,
     cmd_store_digest,
     cmd_store_verify,
+    cmd_tls_rotate,
+    cmd_tls_show,
     cmd_whoami,
     cmd_write,
 )
 from p2psync.cli.pipeline import register as register_pipeline
 from p2psync.cli.repair import cmd_repair
-from p2psync.cli.sync import cmd_grant_sync, cmd_peers, cmd_serve, cmd_status
+from p2psync.cli.sync import add_transport_flags, cmd_grant_sync, cmd_peers, cmd_serve, cmd_status
 from p2psync.cli.tools import cmd_blip_echo, cmd_demo, cmd_dwn_pipe, cmd_sim
 from p2psync.node.config import DEFAULT_HOST, DEFAULT_PORT
 from p2psync.sim import cli as sim_cli
@@ -103,6 +105,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--store")
     sp.add_argument("--host", help=f"address to listen on (default {DEFAULT_HOST})")
     sp.add_argument("--port", help=f"TCP port (default {DEFAULT_PORT}; 0: any free)")
+    sp.add_argument("--tls", action=argparse.BooleanOptionalAction, default=None,
+                    help="serve wss:// with the certificate in the data directory (default: on unless "
+                         "the host is loopback)")
+    sp.add_argument("--insecure", action="store_true", default=None,
+                    help="allow plain ws:// beyond loopback, serving and dialing (anyone on the network can read it)")
     sp.add_argument("--auto", action=argparse.BooleanOptionalAction, default=None,
                     help="keep syncing with discovered peers that share a tenant (default: no)")
     sp.add_argument("--discovery", action=argparse.BooleanOptionalAction, default=None,
@@ -124,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--interface", action="append", metavar="IP", help="browse on this address only (repeat)")
     sp.add_argument("--json", action="store_true", help="machine-readable output")
 
-    sp = add("sync", cmd_sync_or_repair, "replicate a tenant with the peer at URL (ws://host:port/_p2psync)")
+    sp = add("sync", cmd_sync_or_repair, "replicate a tenant with the peer at URL (wss://host:port/_p2psync)")
     sp.add_argument("url")
     sp.add_argument("--store")
     way = sp.add_mutually_exclusive_group()
@@ -138,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "(exit 3 when the replicas still differ)")
     sp.add_argument("--tenant", help="the tenant to replicate (default: your own DID)")
     sp.add_argument("--protocol", metavar="URL", help="replicate only this protocol's records")
+    add_transport_flags(sp)
     sp.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     sp.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                     help="progress bar on stderr (default: only when stderr is a terminal)")
@@ -149,6 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--store")
     sp.add_argument("--tenant", help="the tenant to compare (default: your own DID)")
     sp.add_argument("--protocol", metavar="URL", help="compare only this protocol's records")
+    add_transport_flags(sp)
     sp.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     sp.add_argument("-v", "--verbose", action="store_true", help="log p2psync's info messages to stderr")
 
@@ -156,7 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
              "at --peer (exit 3 when some could not be repaired)")
     sp.add_argument("--plan", required=True, help="plan directory of `p2psync pipeline reconcile`")
     sp.add_argument("--store", help="the replica's store (default: the data directory's)")
-    sp.add_argument("--peer", required=True, metavar="URL", help="the peer to fetch from (ws://host:port/_p2psync)")
+    sp.add_argument("--peer", required=True, metavar="URL", help="the peer to fetch from (wss://host:port/_p2psync)")
+    add_transport_flags(sp)
     sp.add_argument("--replica", metavar="ID", help="this replica's id in the plan (default: the store's storeId)")
     sp.add_argument("--source", metavar="ID", help="only the rows whose source is this replica (default: all rows)")
     sp.add_argument("--tenant", help="only this tenant's rows")
@@ -187,6 +197,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--store")
     sp.add_argument("--tenant", help="only this tenant")
     sp.add_argument("--json", action="store_true")
+
+    tls = sub.add_parser("tls", help="this node's TLS certificate").add_subparsers(dest="sub", required=True)
+    sp = add("show", cmd_tls_show, "print the fingerprint peers pin (and the certificate's path)", tls)
+    sp.add_argument("--json", action="store_true")
+    add("rotate", cmd_tls_rotate, "make a new TLS key and certificate (restart serve to use it)", tls)
 
     dwn = sub.add_parser("dwn", help="engine tools").add_subparsers(dest="sub", required=True)
     sp = add("pipe", cmd_dwn_pipe, "JSON-lines interop pipe over stdin/stdout (protocol/interop-pipe.md)", dwn)

@@ -27,7 +27,7 @@ from p2psync.cli.repair import EXIT_INCOMPLETE, PROGRESS_MIN_INTERVAL
 from p2psync.cli.sync import Direction, check_url, cmd_sync, human_bytes, log_to_stderr, remote_command, scope_of
 from p2psync.dwn.did import Identity
 from p2psync.dwn.store import Store
-from p2psync.peer.peer import Peer, ReconcileSummary, RepairProgress
+from p2psync.peer.peer import Connector, Peer, ReconcileSummary, RepairProgress
 from p2psync.replication.scope import SyncScope
 from p2psync.replication.sink import HELD_KINDS
 
@@ -138,6 +138,7 @@ def _one_way_done(summary: ReconcileSummary, direction: Direction) -> bool:
 def _reconcile(
     peer: Peer,
     url: str,
+    target: Connector,
     *,
     tenant: str,
     scope: SyncScope,
@@ -148,7 +149,7 @@ def _reconcile(
     """One :meth:`Peer.reconcile`; a failure we can explain is a one-line :class:`CliError`."""
 
     async def main() -> ReconcileSummary:
-        return await peer.reconcile(url, tenant=tenant, scope=scope, repair=repair, direction=direction,
+        return await peer.reconcile(target, tenant=tenant, scope=scope, repair=repair, direction=direction,
                                     on_progress=on_progress)
 
     try:
@@ -169,12 +170,14 @@ def run_diff(
     protocol: str | None,
     as_json: bool,
     out: TextIO | None = None,
+    insecure: bool = False,
+    pin: str | None = None,
 ) -> int:
     """Print what this replica and the peer at ``url`` each lack, changing nothing; 0 when
     equal, :data:`EXIT_INCOMPLETE` when they differ."""
     stdout = out if out is not None else sys.stdout
-    check_url(url)
-    summary = _reconcile(Peer(store, identity), url, tenant=tenant, scope=scope_of(protocol), repair=False,
+    target = check_url(url, insecure=insecure, pin=pin)
+    summary = _reconcile(Peer(store, identity), url, target, tenant=tenant, scope=scope_of(protocol), repair=False,
                          direction="both")
     if as_json:
         print(json.dumps(summary.to_json()), file=stdout)
@@ -224,6 +227,8 @@ def run_sync_repair(
     as_json: bool,
     out: TextIO | None = None,
     err: TextIO | None = None,
+    insecure: bool = False,
+    pin: str | None = None,
 ) -> int:
     """Reconcile with the peer at ``url`` and move exactly the missing messages (``direction``
     says which way); print the outcome; 0 when the replicas are equal afterwards, or when a
@@ -231,12 +236,12 @@ def run_sync_repair(
     difference it should have mended stayed (``unresolved``)."""
     stdout = out if out is not None else sys.stdout
     stderr = err if err is not None else sys.stderr
-    check_url(url)
+    target = check_url(url, insecure=insecure, pin=pin)
     scope = scope_of(protocol)
     peer = Peer(store, identity)
     bar = _RepairBar(progress, stderr)
     try:
-        summary = _reconcile(peer, url, tenant=tenant, scope=scope, repair=True, direction=direction,
+        summary = _reconcile(peer, url, target, tenant=tenant, scope=scope, repair=True, direction=direction,
                              on_progress=bar)
     finally:
         bar.close()
@@ -263,7 +268,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
     quiet = log_to_stderr(args.verbose)
     try:
         return run_diff(store, identity, args.url, tenant=args.tenant or identity.did, protocol=args.protocol,
-                        as_json=args.json)
+                        as_json=args.json, insecure=args.insecure, pin=args.pin)
     finally:
         quiet()
         store.close()
@@ -282,7 +287,7 @@ def cmd_sync_or_repair(args: argparse.Namespace) -> int:
     try:
         return run_sync_repair(store, identity, args.url, tenant=args.tenant or identity.did,
                                protocol=args.protocol, direction=args.direction, progress=progress,
-                               as_json=args.json)
+                               as_json=args.json, insecure=args.insecure, pin=args.pin)
     finally:
         quiet()
         store.close()

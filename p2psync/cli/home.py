@@ -12,10 +12,13 @@ from pathlib import Path
 
 import platformdirs
 
+from p2psync.blip.tls import TlsCertificate, new_certificate
 from p2psync.dwn.did import Identity
 
 IDENTITY_FILE = "identity.json"
 STORE_FILE = "store.db"
+#: The node's TLS key and self-signed certificate (``key.pem``, ``cert.pem``).
+TLS_DIR = "tls"
 
 
 class HomeError(Exception):
@@ -39,6 +42,29 @@ class Home:
     def store_path(self) -> Path:
         return self.path / STORE_FILE
 
+    @property
+    def tls_path(self) -> Path:
+        return self.path / TLS_DIR
+
+    def tls_certificate(self, *, create: bool = True) -> TlsCertificate:
+        """The node's TLS certificate; made when missing and ``create`` (a data directory from
+        before TLS), else :class:`HomeError`."""
+        try:
+            return TlsCertificate.load(self.tls_path)
+        except FileNotFoundError:
+            if not create:
+                raise HomeError(f"no TLS certificate in {self.tls_path}; `p2psync tls rotate` makes one") from None
+        except OSError as exc:
+            raise HomeError(f"cannot read the TLS certificate in {self.tls_path}: {exc.strerror or exc}") from None
+        return self.rotate_tls()
+
+    def rotate_tls(self) -> TlsCertificate:
+        """A new key and certificate in place of the old (peers pinning the old fingerprint must
+        be told the new one; an advert carries it by itself)."""
+        certificate = new_certificate()
+        certificate.save(self.tls_path)
+        return certificate
+
     def exists(self) -> bool:
         return self.identity_path.exists()
 
@@ -51,6 +77,7 @@ class Home:
         with os.fdopen(fd, "w") as f:
             json.dump(identity.to_jwk(), f, indent=2)
             f.write("\n")
+        self.rotate_tls()
 
     def load_identity(self) -> Identity:
         try:

@@ -31,7 +31,7 @@ from p2psync.state.digest import store_digest
 
 __all__ = [
     "cmd_init", "cmd_protocol_install", "cmd_query", "cmd_read", "cmd_store_digest", "cmd_store_verify", "cmd_whoami",
-    "cmd_write",
+    "cmd_tls_rotate", "cmd_tls_show", "cmd_write",
 ]
 
 
@@ -62,6 +62,36 @@ def cmd_init(args: argparse.Namespace) -> int:
     Store(home.store_path).close()
     print(f"initialised {home.path}")
     print(f"did: {identity.did}")
+    print(f"tls: {home.tls_certificate(create=False).fingerprint}")
+    return EXIT_OK
+
+
+def cmd_tls_show(args: argparse.Namespace) -> int:
+    home = home_of(args)
+    try:
+        certificate = home.tls_certificate(create=False)
+    except HomeError as exc:
+        raise CliError(str(exc)) from None
+    shown = {"fingerprint": certificate.fingerprint, "certificate": str(home.tls_path / "cert.pem")}
+    if args.json:
+        print_json(shown)
+    else:
+        print(f"fingerprint: {shown['fingerprint']}")
+        print(f"certificate: {shown['certificate']}")
+    return EXIT_OK
+
+
+def cmd_tls_rotate(args: argparse.Namespace) -> int:
+    home = home_of(args)
+    if not home.exists():
+        raise CliError(f"no identity in {home.path}; run `p2psync init` first")
+    try:
+        old: str | None = home.tls_certificate(create=False).fingerprint
+    except HomeError:
+        old = None
+    new = home.rotate_tls().fingerprint
+    print(f"new certificate: {new}" + (f" (was {old})" if old else ""))
+    print("restart `p2psync serve` to use it; peers that pin the old fingerprint need the new one")
     return EXIT_OK
 
 

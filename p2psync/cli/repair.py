@@ -99,12 +99,14 @@ def run_repair(
     as_json: bool,
     out: TextIO | None = None,
     err: TextIO | None = None,
+    insecure: bool = False,
+    pin: str | None = None,
 ) -> int:
     """Fetch this replica's plan rows from the peer at ``url``; print the outcome; 0 when every
     message is repaired, :data:`EXIT_INCOMPLETE` when some are not."""
     stdout = out if out is not None else sys.stdout
     stderr = err if err is not None else sys.stderr
-    check_url(url)
+    target = check_url(url, insecure=insecure, pin=pin)
     scope = scope_of(protocol)
     replica = replica or store_id(store)
     items = _plan_items(plan, replica, source, tenant)
@@ -126,7 +128,7 @@ def run_repair(
                 if bar is not None:
                     bar.update(offset + p.done - bar.n)
 
-            results.append(await peer.fetch_messages(url, tenant=did, cids=rows, scope=scope, on_progress=report))
+            results.append(await peer.fetch_messages(target, tenant=did, cids=rows, scope=scope, on_progress=report))
         return results
 
     started = time.monotonic()
@@ -168,7 +170,7 @@ def cmd_repair(args: argparse.Namespace) -> int:
     try:
         return run_repair(
             store, identity, args.plan, args.peer, replica=args.replica, source=args.source, tenant=args.tenant,
-            protocol=args.protocol, progress=progress, as_json=args.json,
+            protocol=args.protocol, progress=progress, as_json=args.json, insecure=args.insecure, pin=args.pin,
         )
     except ModuleNotFoundError as exc:  # the plan is Parquet: pyarrow comes with the pipeline extra
         advice = missing_pipeline_module(exc)

@@ -25,6 +25,7 @@ from tqdm import tqdm
 from websockets.uri import parse_uri
 
 from p2psync import errors
+from p2psync.blip.tls import FINGERPRINT_RE, TlsCertificate
 from p2psync.cli.common import EXIT_OK, NODE_STATUS_FILE, CliError, home_of, load_identity, open_store, print_json
 from p2psync.cli.home import Home, HomeError, default_home
 from p2psync.dwn.did import Identity
@@ -37,7 +38,8 @@ from p2psync.node import browse
 from p2psync.node.config import ConfigError, NodeConfig, load_config
 from p2psync.node.metrics import scope_label
 from p2psync.node.node import Node, NodeError
-from p2psync.peer.peer import Peer
+from p2psync.peer.endpoint import is_loopback, plain_ws_refused
+from p2psync.peer.peer import Connector, Peer, dialer
 from p2psync.replication.scope import SyncScope
 from p2psync.replication.stats import SyncProgress, SyncSummary
 from p2psync.state.authz import sync_grant_messages
@@ -91,14 +93,34 @@ def scope_of(protocol: str | None) -> SyncScope:
         raise CliError(f"--protocol {protocol}: {exc}") from None
 
 
-def check_url(url: str) -> None:
-    """Refuse anything but a ``ws://host:port/path`` URL before opening anything."""
+def check_url(url: str, *, insecure: bool = False, pin: str | None = None) -> Connector:
+    """What to dial for ``url`` (``--insecure``, ``--pin``), refusing before anything opens: a
+    URL that is not ``wss://`` or ``ws://``, plain ``ws://`` to another host without
+    ``insecure``, a pin that is not a fingerprint or without TLS."""
     try:
         uri = parse_uri(url)
     except Exception as exc:  # websockets raises InvalidURI, ValueError for a bad port
-        raise CliError(f"{url} is not a ws:// URL ({exc})") from None
-    if uri.secure:
-        raise CliError(f"{url}: wss:// is not supported yet; use ws://")
+        raise CliError(f"{url} is not a wss:// or ws:// URL ({exc})") from None
+    refused = plain_ws_refused(url)
+    if refused is not None:
+        if not insecure:
+            raise CliError(refused)
+        logging.getLogger("p2psync").warning("syncing in clear with %s (--insecure)", url)
+    if pin is not None:
+        if not FINGERPRINT_RE.fullmatch(pin):
+            raise CliError(f"--pin {pin!r} is not a certificate fingerprint (43 characters, as `p2psync tls show` "
+                           "prints on the peer)")
+        if not uri.secure:
+            raise CliError(f"--pin needs a wss:// URL, not {url}")
+    return dialer(url, pin=pin)
+
+
+def add_transport_flags(parser: argparse.ArgumentParser) -> None:
+    """``--pin`` and ``--insecure`` of every command that dials a peer."""
+    parser.add_argument("--pin", metavar="FINGERPRINT",
+                        help="the fingerprint the peer's TLS certificate must have (`p2psync tls show` there)")
+    parser.add_argument("--insecure", action="store_true",
+                        help="allow plain ws:// to another host (anyone on the network can read it)")
 
 
 def _stop_signals() -> Any:
@@ -162,6 +184,7 @@ def run_serve(
     *,
     out: TextIO | None = None,
     status_path: Path | None = None,
+    tls: TlsCertificate | None = None,
 ) -> int:
     """Run the node (p2psync/node) until Ctrl-C or SIGTERM; prints its URL, DID and storeId
     (and, when configured, the metrics URL, discovery and links).
@@ -172,7 +195,7 @@ def run_serve(
     stream = out if out is not None else sys.stdout
     config = config or NodeConfig()
     try:
-        node = Node(config, store, identity, status_path=status_path)
+        node = Node(config, store, identity, status_path=status_path, tls=tls)
     except ConfigError as exc:
         raise CliError(str(exc)) from None
 
@@ -190,6 +213,11 @@ def run_serve(
                     raise CliError(str(exc)) from None
                 nursery.start_soon(_stop_node_on_signals, signals, node, nursery.cancel_scope, stopped)
                 say(f"serving {node.url}")
+                if node.tls is not None:
+                    say(f"tls: {node.tls.fingerprint}")
+                elif not is_loopback(config.host):
+                    logging.getLogger("p2psync").warning(
+                        "serving plain ws:// on %s (--insecure): anyone on the network can read the sync", config.host)
                 say(f"did: {identity.did}")
                 say(f"storeId: {node.store_id}")
                 if node.metrics_url is not None:
@@ -316,11 +344,13 @@ def run_sync(
     as_json: bool,
     out: TextIO | None = None,
     err: TextIO | None = None,
+    insecure: bool = False,
+    pin: str | None = None,
 ) -> int:
     """Run one sync (or a continuous one until Ctrl-C / SIGTERM) and print its summary."""
     stdout = out if out is not None else sys.stdout
     stderr = err if err is not None else sys.stderr
-    check_url(url)
+    target = check_url(url, insecure=insecure, pin=pin)
     scope = scope_of(protocol)
     peer = Peer(store, identity)
     bars = ProgressBars(progress, stderr)
@@ -333,7 +363,7 @@ def run_sync(
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_cancel_on_signal, signals, nursery.cancel_scope, stopped)
                 try:
-                    summary = await peer.sync(url, tenant=tenant, scope=scope, direction=direction,
+                    summary = await peer.sync(target, tenant=tenant, scope=scope, direction=direction,
                                               continuous=continuous, on_progress=bars)
                 except Exception as exc:  # explained below; a nursery would wrap it in a group
                     failure = exc
@@ -405,9 +435,11 @@ def status_report(store: Store, node: dict[str, Any] | None = None) -> dict[str,
     ``frontier``: ``{"pull": int | None, "push": int | None}``, the contiguousAppliedToken
     position of each direction (None: nothing applied yet), and, when ``node`` (the status
     file of a node running on this store, p2psync/node) runs that link, ``antiEntropy``: its
-    last periodic check and the next. Each copy is one checkpoint pair this store keeps for an
+    last periodic check and the next, and ``fingerprint``: the peer's TLS certificate on the
+    connected round. Each copy is one checkpoint pair this store keeps for an
     active peer that synced with it: ``{"peer", "checkpointId", "rev", "frontier"}`` (the
-    peer's pull frontier is a position in this store's log).
+    peer's pull frontier is a position in this store's log). ``node``: that running node's
+    ``url`` and own ``fingerprint`` (None when no node runs on this store).
     """
     ledger = Ledger.for_store(store)
     sid = store_id(store)
@@ -421,19 +453,29 @@ def status_report(store: Store, node: dict[str, Any] | None = None) -> dict[str,
                     and shown.get("storeId") and link.key.remote.endswith(f"storeId={shown['storeId']}")
                     and isinstance(shown.get("antiEntropy"), dict)):
                 state["antiEntropy"] = shown["antiEntropy"]
+                if shown.get("fingerprint"):
+                    state["fingerprint"] = shown["fingerprint"]
         links.append(state)
-    return {"storeId": sid, "links": links, "copies": _copies(store)}
+    serving = None
+    if node is not None and node.get("storeId") == sid:
+        serving = {"url": node.get("url"), "fingerprint": node.get("fingerprint")}
+    return {"storeId": sid, "node": serving, "links": links, "copies": _copies(store)}
 
 
 def status_lines(report: dict[str, Any]) -> list[str]:
     """``status`` for a person: one block per link."""
     lines = [f"storeId {report['storeId']}"]
+    serving = report.get("node")
+    if serving is not None:
+        tls = f" (TLS certificate {serving['fingerprint']})" if serving.get("fingerprint") else " (plain, no TLS)"
+        lines.append(f"serving {serving['url']}{tls}")
     if not report["links"] and not report["copies"]:
         lines.append("no links yet (run `p2psync sync URL`, or serve and let a peer connect)")
     for link in report["links"]:
         scope = link["scope"]
         scope_text = scope["kind"] if scope["kind"] != "protocol" else f"protocol {scope.get('protocol')}"
-        lines.append(f"{link['tenantDid']}  <->  {link['remoteEndpoint']}")
+        lines.append(f"{link['tenantDid']}  <->  {link['remoteEndpoint']}"
+                     + (f"  (TLS {link['fingerprint']})" if link.get("fingerprint") else ""))
         lines.append(f"  scope {scope_text} ({link['scopeId']}), state {link['state']}, "
                      f"{link['failureCount']} failure(s)")
         lines.append(f"  last success {link.get('lastSuccessAt', '-')}, last failure {link.get('lastFailureAt', '-')}"
@@ -499,6 +541,7 @@ def grant_sync(
 def cmd_serve(args: argparse.Namespace) -> int:
     flags = {
         "data_dir": args.home, "store": args.store, "host": args.host, "port": args.port, "auto": args.auto,
+        "tls": args.tls, "insecure": args.insecure,
         "discovery": args.discovery, "private": args.private, "peers": args.peer, "interfaces": args.interface,
         "metrics_port": args.metrics_port, "metrics_host": args.metrics_host, "name": args.name,
         "log_level": args.log_level or ("info" if args.verbose else None),
@@ -510,6 +553,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     home = Home(config.data_dir or default_home())
     try:
         identity = home.load_identity()
+        tls = home.tls_certificate() if config.tls_enabled else None
     except HomeError as exc:
         raise CliError(str(exc)) from None
     store_path = config.store or home.store_path
@@ -519,7 +563,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise CliError(f"cannot open {store_path}: {exc}") from None
     quiet = log_to_stderr(args.verbose, level=config.log_level)
     try:
-        return run_serve(store, identity, config, status_path=home.path / NODE_STATUS_FILE)
+        return run_serve(store, identity, config, status_path=home.path / NODE_STATUS_FILE, tls=tls)
     finally:
         quiet()
         store.close()
@@ -553,6 +597,7 @@ def cmd_sync(args: argparse.Namespace) -> int:
         return run_sync(
             store, identity, args.url, tenant=args.tenant or identity.did, protocol=args.protocol,
             direction=args.direction, continuous=args.continuous, progress=progress, as_json=args.json,
+            insecure=args.insecure, pin=args.pin,
         )
     finally:
         quiet()

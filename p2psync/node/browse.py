@@ -80,9 +80,12 @@ def peers_lines(found: list[dict[str, Any]], status: dict[str, Any] | None, wait
         tenants = "private (tenants hashed)" if peer["private"] else ", ".join(peer["tenants"]) or "none"
         lines.append(f"  {peer['name']}  {peer['url']}" + ("  (this node)" if peer.get("self") else ""))
         lines.append(f"    did {peer['did']}  storeId {peer['storeId']}")
+        tls = f"TLS certificate {peer['fingerprint']}" if peer.get("fingerprint") else "plain ws:// (no TLS)"
+        lines.append(f"    {tls}")
         lines.append(f"    tenants: {tenants}; last seen {_age(peer['lastSeen'])}")
     if status is not None:
-        lines.append(f"the node running here (pid {status['pid']}, {status.get('url')}) knows:")
+        own = f", TLS certificate {status['fingerprint']}" if status.get("fingerprint") else ""
+        lines.append(f"the node running here (pid {status['pid']}, {status.get('url')}{own}) knows:")
         for peer in status.get("peers", []):
             gone = peer.get("goneFor")
             left = f"  (gone {gone} s ago)" if gone is not None else ""

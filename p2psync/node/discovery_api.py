@@ -52,6 +52,8 @@ class PeerSeenLike(Protocol):
     def capabilities(self) -> Any: ...
     @property
     def last_seen(self) -> Any: ...
+    @property
+    def fingerprint(self) -> str | None: ...
 
     def url(self) -> str: ...
     def shares(self, tenant: str) -> bool: ...
@@ -87,6 +89,7 @@ class AdvertInfo:
     private: bool
     name: str | None
     capabilities: tuple[str, ...]
+    fingerprint: str | None = None  # its TLS certificate's (None: plain ws://)
 
 
 DiscoveryFactory = Callable[[AdvertInfo | None, list[str] | None], DiscoveryLike]
@@ -101,6 +104,7 @@ def zeroconf_discovery(advert: AdvertInfo | None, interfaces: list[str] | None) 
         # What every node can do, then ours (``auto``).
         capabilities = tuple(dict.fromkeys((*discovery.DEFAULT_CAPABILITIES, *advert.capabilities)))
         real = discovery.Advert(advert.did, advert.sid, advert.port, tenants=advert.tenants,
-                                private=advert.private, name=advert.name, capabilities=capabilities)
+                                private=advert.private, name=advert.name, capabilities=capabilities,
+                                fingerprint=advert.fingerprint)
     found: DiscoveryLike = discovery.Discovery(real, interfaces=interfaces, browse=True)
     return found

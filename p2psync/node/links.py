@@ -46,6 +46,7 @@ class LinkSpec:
     url: str
     origin: Literal["static", "discovered"]
     label: str  # the peer's advertised name or the URL, for logs and `peers`
+    pin: str | None = None  # the fingerprint its TLS certificate must have (advert or configuration)
 
     @property
     def key(self) -> NodeLinkKey:
@@ -84,7 +85,8 @@ def plan_links(
             if peer.tenants is not None and tenant.did not in peer.tenants:
                 continue
             for scope in tenant.scopes:
-                spec = LinkSpec(f"url:{peer.url}", tenant.did, scope, tenant.direction, peer.url, "static", peer.url)
+                spec = LinkSpec(f"url:{peer.url}", tenant.did, scope, tenant.direction, peer.url, "static", peer.url,
+                                peer.pin)
                 out[spec.key] = spec
     if not auto:
         return out
@@ -100,6 +102,6 @@ def plan_links(
                 if (tenant.did, scope.scope_id) in theirs:
                     continue
                 spec = LinkSpec(f"sid:{seen.sid}", tenant.did, scope, tenant.direction, seen.url(), "discovered",
-                                seen.name)
+                                seen.name, seen.fingerprint)
                 out[spec.key] = spec
     return out

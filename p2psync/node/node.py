@@ -38,6 +38,7 @@ from typing import Any, Final
 import trio
 
 from p2psync import blip, errors
+from p2psync.blip.tls import TlsCertificate, fingerprint, new_certificate
 from p2psync.dwn.did import Identity
 from p2psync.dwn.store import Store
 from p2psync.node.anti_entropy import (
@@ -58,7 +59,7 @@ from p2psync.node.discovery_api import (
 )
 from p2psync.node.links import LinkSpec, NodeLinkKey, plan_links
 from p2psync.node.metrics import NodeMetrics, scope_label, serve_metrics
-from p2psync.peer.endpoint import ws_url
+from p2psync.peer.endpoint import peer_url, plain_ws_refused
 from p2psync.peer.peer import Peer
 from p2psync.replication.wire import APP_ID
 from p2psync.state.committer import StoreUnavailable
@@ -98,6 +99,10 @@ class NodeError(errors.LocalFailure):
         super().__init__(detail)
 
 
+class PlainTransportRefused(errors.LocalFailure):
+    """A link would dial plain ``ws://`` beyond loopback and the node is not ``insecure``."""
+
+
 @dataclass(eq=False)
 class NodeLink:
     """A link the node supervises: its spec, the connection of its current round, and its
@@ -122,9 +127,11 @@ class NodeLink:
 
     def to_json(self) -> dict[str, Any]:
         spec = self.spec
+        certificate = None if self.conn is None else self.conn.server_certificate
         return {"peer": spec.label, "url": spec.url, "origin": spec.origin, "tenant": spec.tenant,
                 "scope": scope_label(spec.scope), "scopeId": spec.scope.scope_id, "direction": spec.direction,
                 "connected": self.conn is not None, "storeId": self.remote_sid, "failures": self.failures,
+                "pin": spec.pin, "fingerprint": None if certificate is None else fingerprint(certificate),
                 "lastError": self.last_error, "antiEntropy": self.anti_entropy.to_json()}
 
 
@@ -153,15 +160,19 @@ class Node:
         gone_grace: float = GONE_GRACE,
         shutdown_grace: float = SHUTDOWN_GRACE,
         rng: random.Random | None = None,
+        tls: TlsCertificate | None = None,
     ) -> None:
         config.check()  # a NodeConfig built by hand, not by load_config, is checked here
         self.config = config
+        #: the certificate it serves wss:// with (None: plain ws://); without one given, a node
+        #: that serves TLS makes a fresh one (its fingerprint then changes at every start)
+        self.tls = (tls or new_certificate()) if config.tls_enabled else None
         self.store = store
         self.identity = identity
         self.tenants: tuple[TenantConfig, ...] = config.tenants_for(identity.did)
         # A node stores its configured tenants and nothing else (issue #15): a stranger who
         # proves some DID cannot push another tenant's messages into its store.
-        self.peer = Peer(store, identity, stores={t.did for t in self.tenants if t.did is not None})
+        self.peer = Peer(store, identity, stores={t.did for t in self.tenants if t.did is not None}, tls=self.tls)
         self.metrics = NodeMetrics(self.peer.ledger, node_facts=self._facts)
         self.peer.metrics = self.metrics
         self.store_id = self.peer.store_id
@@ -217,6 +228,7 @@ class Node:
             "did": self.did,
             "storeId": self.store_id,
             "url": self.url,
+            "fingerprint": None if self.tls is None else self.tls.fingerprint,
             "metrics": self.metrics_url,
             "startedAt": self._started_at.isoformat(),
             "updatedAt": datetime.now(UTC).isoformat(),
@@ -258,7 +270,7 @@ class Node:
             raise NodeError("ListenFailed", f"cannot listen on {config.host}:{config.port}: "
                                             f"{exc.strerror or exc}") from None
         assert self.server is not None
-        self.url = ws_url(config.host, self.server.port)
+        self.url = peer_url(config.host, self.server.port, tls=self.tls is not None)
         if config.metrics_port is not None:
             try:
                 self.metrics_port = await nursery.start(serve_metrics, self.metrics, config.metrics_host,
@@ -287,6 +299,7 @@ class Node:
             did=self.did, sid=self.store_id, port=self.server.port,
             tenants=tuple(t.did for t in self.tenants if t.did is not None), private=self.config.private,
             name=self.config.name, capabilities=(AUTO_CAPABILITY,) if self.config.auto else (),
+            fingerprint=None if self.tls is None else self.tls.fingerprint,
         )
 
     async def _run_discovery(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -425,7 +438,8 @@ class Node:
         """Retire the running links ``wanted`` no longer holds, or holds with another URL or way."""
         for key, link in list(self.links.items()):
             spec = wanted.get(key)
-            if spec is None or spec.url != link.spec.url or spec.direction != link.spec.direction:
+            old = link.spec
+            if spec is None or (spec.url, spec.pin, spec.direction) != (old.url, old.pin, old.direction):
                 log.info("link to %s for %s (%s) no longer wanted", link.spec.label, link.spec.tenant,
                          scope_label(link.spec.scope))
                 del self.links[key]
@@ -494,8 +508,13 @@ class Node:
         return None
 
     def _dial(self, link: NodeLink, handlers: dict[str, Any]) -> AbstractAsyncContextManager[blip.Connection]:
-        """A new connection to ``link``'s peer (its rounds' and its anti-entropy checks')."""
-        return blip.connect(link.spec.url, app_id=APP_ID, handlers=handlers)
+        """A new connection to ``link``'s peer (its rounds' and its anti-entropy checks'), pinned
+        to the certificate its advert or configuration names. Plain ``ws://`` beyond loopback
+        only with ``insecure``."""
+        refused = plain_ws_refused(link.spec.url)
+        if refused is not None and not self.config.insecure:
+            raise PlainTransportRefused(refused)
+        return blip.connect(link.spec.url, app_id=APP_ID, handlers=handlers, pin=link.spec.pin)
 
     @asynccontextmanager
     async def _connect(self, link: NodeLink, handlers: dict[str, Any]) -> AsyncIterator[blip.Connection]:
@@ -720,6 +739,7 @@ def peer_json(peer: PeerSeenLike) -> dict[str, Any]:
         "name": peer.name, "url": peer.url(), "addresses": list(peer.addresses), "port": peer.port,
         "did": peer.did, "storeId": peer.sid, "tenants": None if peer.tenants_hashed else sorted(peer.tenants),
         "private": bool(peer.tenants_hashed), "capabilities": sorted(peer.capabilities or ()), "lastSeen": last_seen,
+        "fingerprint": getattr(peer, "fingerprint", None),
     }
 
 

@@ -48,8 +48,8 @@ from p2psync.state.ledger import Direction, Ledger, LinkKey, retry_delay
 from p2psync.state.service import StoreService
 
 __all__ = [
-    "AGENT", "CHECKPOINT_INTERVAL", "Peer", "ReconcileSummary", "RepairProgress", "RepairSummary", "SyncProgress",
-    "SyncStats", "SyncSummary", "WantedMessage", "dialer",
+    "AGENT", "CHECKPOINT_INTERVAL", "Connector", "Peer", "ReconcileSummary", "RepairProgress", "RepairSummary",
+    "SyncProgress", "SyncStats", "SyncSummary", "WantedMessage", "dialer",
 ]
 
 log = logging.getLogger("p2psync.peer")

@@ -32,9 +32,11 @@ class FakePeerSeen:
     version: str = "1"
     capabilities: tuple[str, ...] = ()
     last_seen: float = 0.0
+    fingerprint: str | None = None
 
     def url(self) -> str:
-        return f"ws://{self.addresses[0]}:{self.port}/_p2psync"
+        scheme = "ws" if self.fingerprint is None else "wss"
+        return f"{scheme}://{self.addresses[0]}:{self.port}/_p2psync"
 
     def shares(self, tenant: str) -> bool:
         if self.tenants_hashed:
@@ -58,7 +60,8 @@ def seen_of(advert: AdvertInfo, *, name: str | None = None, address: str = "127.
     salt = "s4lt" if advert.private else ""
     tenants = frozenset(_hashed(salt, t) for t in advert.tenants) if advert.private else frozenset(advert.tenants)
     return FakePeerSeen(name or advert.name or f"node-{advert.sid[:8]}", advert.did, advert.sid, (address,),
-                        advert.port, tenants, advert.private, salt, "1", advert.capabilities, time.time())
+                        advert.port, tenants, advert.private, salt, "1", advert.capabilities, time.time(),
+                        advert.fingerprint)
 
 
 @dataclass

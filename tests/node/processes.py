@@ -43,9 +43,12 @@ class NodeProcess:
         threading.Thread(target=self._pump, daemon=True).start()
         deadline = time.monotonic() + STARTUP_DEADLINE
         first = self.next_line(deadline)
-        match = re.fullmatch(r"serving (ws://[0-9.]+:(\d+)/_p2psync)\n", first)
+        match = re.fullmatch(r"serving (wss?://[0-9.]+:(\d+)/_p2psync)\n", first)
         assert match is not None, first + self._stderr_now()
         self.url, self.port = match[1], int(match[2])
+        self.fingerprint: str | None = None  # of its TLS certificate, when it serves wss://
+        if self.url.startswith("wss://"):
+            self.fingerprint = self.next_line(deadline).removeprefix("tls: ").strip()
         self.did = self.next_line(deadline).removeprefix("did: ").strip()
         self.store_id = self.next_line(deadline).removeprefix("storeId: ").strip()
 

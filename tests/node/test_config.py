@@ -51,7 +51,8 @@ def test_the_documented_example_parses() -> None:
     assert [t.direction for t in config.tenants] == ["both", "pull"]
     assert config.tenants[0].did is None  # the node's own
     assert config.tenants[1].scopes[0] == SyncScope.for_protocol("https://example.org/protocols/notes")
-    assert [p.url for p in config.peers] == ["ws://192.168.1.20:4984/_p2psync"]
+    assert [p.url for p in config.peers] == ["wss://192.168.1.20:4984/_p2psync"]
+    assert config.tls_enabled and not config.insecure  # 0.0.0.0 is not loopback
     assert config.anti_entropy and (config.anti_entropy_interval, config.anti_entropy_max_interval) == (45, 600)
     assert config.anti_entropy_jitter == 0.33
 
@@ -69,7 +70,7 @@ private = true
 [metrics]
 port = 9000
 [[peer]]
-url = "ws://10.0.0.6:4984/_p2psync"
+url = "wss://10.0.0.6:4984/_p2psync"
 [[tenant]]
 did = "{DID_A}"
 """)
@@ -77,19 +78,19 @@ did = "{DID_A}"
     assert from_file.host == "10.0.0.5" and from_file.port == 5000 and from_file.metrics_port == 9000
     assert from_file.data_dir == tmp_path / "data"  # relative to the file
     assert from_file.discovery_enabled and from_file.discovery_interfaces() == ["10.0.0.5"]
-    env = {"P2PSYNC_PORT": "6000", "P2PSYNC_AUTO": "off", "P2PSYNC_PEERS": "ws://10.0.0.7:1/x, ws://10.0.0.8:1/x",
+    env = {"P2PSYNC_PORT": "6000", "P2PSYNC_AUTO": "off", "P2PSYNC_PEERS": "wss://10.0.0.7:1/x, wss://10.0.0.8:1/x",
            "P2PSYNC_TENANTS": DID_B, "P2PSYNC_HOME": "/srv/p2p", "P2PSYNC_LOG_LEVEL": "debug"}
     from_env = load_config(path, env=env)
     assert from_env.port == 6000 and not from_env.auto and from_env.private  # the file's, not overridden
-    assert [p.url for p in from_env.peers] == ["ws://10.0.0.7:1/x", "ws://10.0.0.8:1/x"]  # replaced, not merged
+    assert [p.url for p in from_env.peers] == ["wss://10.0.0.7:1/x", "wss://10.0.0.8:1/x"]  # replaced, not merged
     assert from_env.tenants == (TenantConfig(DID_B),) and from_env.data_dir == Path("/srv/p2p")
     assert from_env.log_level == "debug"
-    flags = {"port": "7000", "auto": True, "peers": ["ws://10.0.0.9:1/x"], "host": None, "private": False,
+    flags = {"port": "7000", "auto": True, "peers": ["wss://10.0.0.9:1/x"], "host": None, "private": False,
              "discovery": False}
     from_flags = load_config(path, env=env, flags=flags)
     assert from_flags.port == 7000 and from_flags.auto and not from_flags.private
     assert from_flags.host == "10.0.0.5"  # a flag not given leaves the lower layers' value
-    assert from_flags.peers == (StaticPeer("ws://10.0.0.9:1/x"),)
+    assert from_flags.peers == (StaticPeer("wss://10.0.0.9:1/x"),)
     assert not from_flags.discovery_enabled
 
 
@@ -119,9 +120,9 @@ def test_config_file_from_the_environment(tmp_path: Path) -> None:
          "node.toml: tenant[0].scopes: unknown key 'depth' in a scope"),
         ("[[tenant]]\ncolour = 1\n", "node.toml: tenant[0].colour: unknown key"),
         ("[[peer]]\ntenants = []\n", "node.toml: peer[0].url: is required"),
-        ("[[peer]]\nurl = 'http://x:1/'\n", "node.toml: peer[0].url: http://x:1/ is not a ws:// URL"),
-        ("[[peer]]\nurl = 'wss://x:1/'\n", "node.toml: peer[0].url: wss://x:1/: wss:// is not supported yet"),
-        ("[[peer]]\nurl = 'ws://x:1/'\n[[peer]]\nurl = 'ws://x:1/'\n", "node.toml: peer: ws://x:1/ is listed twice"),
+        ("[[peer]]\nurl = 'http://x:1/'\n", "node.toml: peer[0].url: http://x:1/ is not a wss:// or ws:// URL"),
+        ("[[peer]]\nurl = 'wss://x:1/'\npin = 'AA'\n", "node.toml: peer[0].pin: 'AA' is not a certificate fingerprint"),
+        ("[[peer]]\nurl = 'wss://x:1/'\n[[peer]]\nurl = 'wss://x:1/'\n", "node.toml: peer: wss://x:1/ is listed twice"),
         ("tenant = 3\n", "node.toml: tenant: must be an array of tables ([[tenant]])"),
         ("[anti_entropy]\nintervall = 30\n", "node.toml: anti_entropy.intervall: unknown key"),
         ("[anti_entropy]\ninterval = 0.1\n", "node.toml: anti_entropy.interval: must be at least 1 second(s)"),
@@ -143,11 +144,39 @@ def test_file_errors_name_the_key(tmp_path: Path, text: str, message: str) -> No
 
 
 @pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[[peer]]\nurl = 'ws://x:1/'\n", "configuration: peer[0].url: ws://x:1/ is plain ws:// to another host"),
+        ("[[peer]]\nurl = 'ws://127.0.0.1:1/'\npin = '" + "A" * 43 + "'\n",
+         "configuration: peer[0].pin: a certificate pin needs a wss:// URL"),
+        ("[listen]\nhost = '0.0.0.0'\ntls = false\n", "configuration: listen.tls: plain ws:// on 0.0.0.0"),
+    ],
+)
+def test_plain_ws_beyond_loopback_is_refused_without_insecure(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, text), env={})
+    assert str(info.value).startswith(message), str(info.value)
+    if "pin" not in text:  # insecure allows plain ws://, never a pin without TLS
+        config = load_config(write(tmp_path, text + "[listen]\ninsecure = true\n" if "[listen]" not in text
+                                   else text + "insecure = true\n"), env={})
+        assert config.insecure
+
+
+def test_tls_is_on_beyond_loopback_by_default(tmp_path: Path) -> None:
+    assert not load_config(env={}).tls_enabled  # 127.0.0.1
+    assert load_config(env={"P2PSYNC_HOST": "0.0.0.0"}).tls_enabled
+    assert load_config(env={"P2PSYNC_TLS": "on"}).tls_enabled
+    config = load_config(write(tmp_path, "[[peer]]\nurl = 'wss://10.0.0.2:4984/_p2psync'\npin = '" + "B" * 43 + "'\n"),
+                         env={})
+    assert config.peers[0].pin == "B" * 43
+
+
+@pytest.mark.parametrize(
     ("env", "message"),
     [
         ({"P2PSYNC_PORT": "http"}, "environment: P2PSYNC_PORT: must be a TCP port"),
         ({"P2PSYNC_DISCOVERY": "maybe"}, "environment: P2PSYNC_DISCOVERY: must be true or false"),
-        ({"P2PSYNC_PEERS": "ws://a:1/ ftp://b/"}, "environment: P2PSYNC_PEERS: ftp://b/ is not a ws:// URL"),
+        ({"P2PSYNC_PEERS": "wss://a:1/ ftp://b/"}, "environment: P2PSYNC_PEERS: ftp://b/ is not a wss:// or ws:// URL"),
         ({"P2PSYNC_TENANTS": "did:x:1,bob"}, "environment: P2PSYNC_TENANTS: 'bob' is not a DID"),
         ({"P2PSYNC_METRICS_PORT": "-1"}, "environment: P2PSYNC_METRICS_PORT: must be a TCP port"),
         ({"P2PSYNC_ANTI_ENTROPY": "sometimes"}, "environment: P2PSYNC_ANTI_ENTROPY: must be true or false"),

@@ -70,6 +70,9 @@ def test_two_machines_find_each_other_and_sync(tmp_path: Path) -> None:
             if "machine-b" in found:  # b's own node may answer the browse too: marked as itself
                 assert found["machine-b"]["self"]
             assert found["machine-a"]["url"] == a.url and found["machine-a"]["tenants"] == [OWNER.did]
+            # On a LAN address the nodes serve TLS, the advert names the certificate, and the
+            # link that dials pins it (its round runs over wss:// to that certificate).
+            assert a.url.startswith("wss://") and found["machine-a"]["fingerprint"] == a.fingerprint
             assert found["machine-a"]["storeId"] == a.store_id
             assert [p["name"] for p in report["node"]["peers"]] == ["machine-a"]
             # Exactly one of the two dials (the smaller store id); the other only serves.
@@ -77,6 +80,8 @@ def test_two_machines_find_each_other_and_sync(tmp_path: Path) -> None:
             links = {home: json.loads((home.path / "node-status.json").read_text())["links"]
                      for home in (a_home, b_home)}
             assert len(links[dialer]) == 1 and links[dialer][0]["connected"] and links[other] == []
+            dialed = a if dialer is b_home else b
+            assert links[dialer][0]["pin"] == links[dialer][0]["fingerprint"] == dialed.fingerprint
             # a stops: b sees it leave (its goodbye), and keeps running.
             code, rest, err = a.stop(signal.SIGTERM)
             assert code == 0 and rest[-1] == "stopped (SIGTERM)\n", err
