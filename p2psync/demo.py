@@ -1,7 +1,8 @@
 """``p2psync demo``: the main job on its embedded default.
 
 Three nodes of one person (a laptop, a phone, a desktop: one identity, three stores) start on
-loopback in a private temporary directory, find each other over mDNS and keep continuous sync.
+loopback in a private temporary directory, find each other over mDNS and keep continuous sync
+over TLS (``wss://``, each node's certificate pinned from its advert, each hello bound to it).
 The laptop then installs a protocol and writes notes, one of them with a few MiB of data; the
 other two receive everything live. The demo ends when every node holds the same messages
 (their ``store digest``), checks what arrived (signatures, data CIDs, the large record's bytes)
@@ -154,8 +155,8 @@ async def _demo(out: TextIO, where: str) -> int:
             home = Path(tmp) / name
             home.mkdir()
             store = Store(home / "store.db")
-            config = NodeConfig(data_dir=home, name=f"{name}-demo", host="127.0.0.1", port=0, discovery=True,
-                                interfaces=("127.0.0.1",), auto=True)
+            config = NodeConfig(data_dir=home, name=f"{name}-demo", host="127.0.0.1", port=0, tls=True,
+                                discovery=True, interfaces=("127.0.0.1",), auto=True)
             devices.append(_Device(name, Node(config, store, identity), store))
         try:
             async with trio.open_nursery() as nursery:
@@ -196,7 +197,9 @@ async def _until_all_found(devices: list[_Device], say: Any) -> None:
     say()
     for device in devices:
         names = ", ".join(sorted(p.name.split(".")[0] for p in device.node.discovered()))
-        say(f"  {device.name:<8} listens on {device.node.url}  found {names}")
+        tls = device.node.tls
+        say(f"  {device.name:<8} listens on {device.node.url} (TLS {tls.fingerprint[:8] if tls else 'off'}…)"
+            f"  found {names}")
 
 
 async def _write_on_laptop(device: _Device, identity: Identity) -> dict[str, Any]:
@@ -271,7 +274,11 @@ def _report(devices: list[_Device], tenant: str, written: dict[str, Any], say: A
     say(f"  {'same messages on every node' if same else 'the nodes hold DIFFERENT messages'}")
     checked = all(_attachment_ok(d, tenant, written) for d in devices[1:])
     say(f"  attachment read back on every receiver: {'sha256 matches' if checked else 'MISMATCH'}")
-    return same and checked
+    links = [link.spec for d in devices for link in d.node.links.values()]
+    secure = bool(links) and all(spec.url.startswith("wss://") and spec.pin for spec in links)
+    say(f"  {len(links)} links, " + ("all over TLS with the advertised certificate pinned" if secure
+                                     else "NOT ALL OVER PINNED TLS"))
+    return same and checked and secure
 
 
 def _attachment_ok(device: _Device, tenant: str, written: dict[str, Any]) -> bool:
