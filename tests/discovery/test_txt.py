@@ -58,11 +58,13 @@ def test_spec_example_bytes() -> None:
     tenants=st.lists(dids, max_size=12, unique=True),
     private=st.booleans(),
     caps=st.lists(st.sampled_from(["pull", "push", "continuous", "x-1"]), unique=True),
+    fingerprint=st.one_of(st.none(), st.text("ABCxyz019_-", min_size=43, max_size=43)),
 )
-def test_round_trip(tenants: list[str], private: bool, caps: list[str]) -> None:
+def test_round_trip(tenants: list[str], private: bool, caps: list[str], fingerprint: str | None) -> None:
     salt = SALT if private else None
     try:
-        rdata = encode_txt(did=DID_A, sid=SID, version=1, capabilities=caps, tenants=tenants, salt=salt)
+        rdata = encode_txt(did=DID_A, sid=SID, version=1, capabilities=caps, tenants=tenants, salt=salt,
+                           fingerprint=fingerprint)
     except DiscoveryError as exc:
         assert exc.code == "AdvertTooLarge"
         return
@@ -70,6 +72,7 @@ def test_round_trip(tenants: list[str], private: bool, caps: list[str]) -> None:
     assert all(len(s) <= MAX_TXT_STRING for s in split_strings(rdata))
     record = decode_txt(rdata)
     assert (record.did, record.sid, record.version, record.capabilities) == (DID_A, SID, "1", tuple(caps))
+    assert record.fingerprint == fingerprint
     if private:
         assert record.salt == SALT and record.tenants == tuple(tenant_hash(SALT, t) for t in tenants)
         assert not set(record.tenants) & set(tenants)
@@ -114,6 +117,7 @@ BASE = (b"txtvers=1", b"pv=1", b"did=" + DID_A.encode(), b"sid=" + SID.encode(),
         (txt(*BASE, b"h0=00112233"), "without a salt"),
         (txt(*BASE, b"salt=" + SALT.encode(), b"h0=0011223344556677aa"), "16-hex-digit"),
         (txt(*BASE, b"t0=alice"), "not a DID"),
+        (txt(*BASE, b"tls=abc"), "not a certificate fingerprint"),
         (b"\x09txtvers=1\x40pv", "runs past the end"),
     ],
 )
@@ -184,6 +188,7 @@ def test_peer_seen() -> None:
     assert hashed.shares(TENANTS[1]) and not hashed.shares(TENANTS[0])
     assert clear.url() == "ws://10.77.0.2:4000/_p2psync"
     assert peer(addresses=("fd00::2",)).url() == "ws://[fd00::2]:4000/_p2psync"
+    assert peer(fingerprint="F" * 43).url() == "wss://10.77.0.2:4000/_p2psync"  # the advert names a certificate
     with pytest.raises(DiscoveryError, match="NoAddress"):
         peer(addresses=()).url()
     assert peer(last_seen=2.0) == clear  # a refresh is not a change
