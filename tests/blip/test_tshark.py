@@ -10,8 +10,6 @@ from __future__ import annotations
 import base64
 import os
 import re
-import shutil
-import signal
 import zlib
 from pathlib import Path
 
@@ -20,20 +18,10 @@ import trio
 
 from p2psync import blip
 from p2psync.blip.echo import ECHO_HANDLERS
+from tests.blip.capture import loopback_capture, require_tshark, run_tshark
 
 #: Wireshark's dissector only claims these subprotocols, so the capture negotiates one of them.
 CAPTURE_APP_ID = "CBMobile_3"
-#: Generous bounds for tshark start-up and packet delivery on a loaded machine.
-TSHARK_TIMEOUT = 60
-
-
-def _tshark() -> str:
-    if os.geteuid() != 0:
-        pytest.skip("capturing on lo needs root (CI runs as root)")
-    path = shutil.which("tshark")
-    if path is None:
-        pytest.fail("tshark is not installed; `make test` installs it (apt-get install tshark)")
-    return path
 
 
 def text_body(size: int) -> bytes:
@@ -149,58 +137,18 @@ def _protocol_trees(verbose: str, title: str) -> list[str]:
     return trees
 
 
-async def _run(cmd: list[str]) -> str:
-    result = await trio.run_process(cmd, capture_stdout=True, capture_stderr=True)
-    return result.stdout.decode("utf-8", "replace")
-
-
 async def test_wireshark_decodes_every_frame(tmp_path: Path) -> None:
-    tshark = _tshark()
+    require_tshark()
     capture = tmp_path / "blip.pcapng"
     async with trio.open_nursery() as nursery:
         server = await nursery.start(blip.serve, "127.0.0.1", 0, CAPTURE_APP_ID, ECHO_HANDLERS)
         port = server.port
-        # A probe listener: tshark is ready once it shows our probe connections.
-        probe = (await trio.open_tcp_listeners(0, host="127.0.0.1"))[0]
-        probe_port = probe.socket.getsockname()[1]
-
-        async def accept_probes() -> None:
-            while True:
-                conn = await probe.accept()
-                await conn.aclose()
-
-        nursery.start_soon(accept_probes)
-        process = await trio.lowlevel.open_process(
-            [tshark, "-i", "lo", "-f", f"tcp port {port} or tcp port {probe_port}"]
-            + ["-w", str(capture), "-l", "-P"],
-            stdout=-1,
-            stderr=-1,
-        )
-        assert process.stdout is not None
-        seen = b""
-        try:
-            with trio.fail_after(TSHARK_TIMEOUT):
-                probe_seen = re.compile(rf"\b{probe_port}\b".encode())
-                while not probe_seen.search(seen):
-                    with trio.move_on_after(0.2):
-                        seen += await process.stdout.receive_some()
-                    if not probe_seen.search(seen):
-                        await (await trio.open_tcp_stream("127.0.0.1", probe_port)).aclose()
-                await _converse(port)
-                # Wait until both FINs of the BLIP connection are in the capture.
-                fin = re.compile(rf"^.*\b{port}\b.*\bFIN\b.*$", re.M)
-                while len(fin.findall(seen.decode(errors="replace"))) < 2:
-                    seen += await process.stdout.receive_some()
-        finally:
-            process.send_signal(signal.SIGINT)
-            with trio.move_on_after(TSHARK_TIMEOUT):
-                await process.wait()
-            if process.returncode is None:
-                process.kill()
+        async with loopback_capture(capture, port):
+            await _converse(port)
         nursery.cancel_scope.cancel()
 
-    decode = [tshark, "-r", str(capture), "-d", f"tcp.port=={port},http"]
-    verbose = await _run([*decode, "-Y", "blip", "-V"])
+    decode = ["-r", str(capture), "-d", f"tcp.port=={port},http"]
+    verbose = await run_tshark([*decode, "-Y", "blip", "-V"])
     blip_trees = _protocol_trees(verbose, "BLIP Couchbase Mobile")
     dissected = len(blip_trees)
     assert "Malformed" not in verbose and "Dissector bug" not in verbose
@@ -217,17 +165,17 @@ async def test_wireshark_decodes_every_frame(tmp_path: Path) -> None:
         assert f"Frame Flags: {flags}" in verbose
     assert "Frame Flags: Urgent|NoReply (0x30)" in verbose  # ACK frames
     assert "ACK num bytes:" in verbose
-    summary = await _run([*decode, "-Y", "blip"])
+    summary = await run_tshark([*decode, "-Y", "blip"])
     for kind in ("MSG#", "RPY#", "ERR#", "ACKMSG#", "ACKRPY#"):
         assert kind in summary
 
     # Every binary WebSocket message is a BLIP frame the dissector decoded, and the CRCs and
     # deflate blocks hold up under plain zlib.
-    streams = await _run(
-        [tshark, "-r", str(capture), "-Y", f"tcp.port=={port}", "-T", "fields", "-e", "tcp.stream"]
+    streams = await run_tshark(
+        ["-r", str(capture), "-Y", f"tcp.port=={port}", "-T", "fields", "-e", "tcp.stream"]
     )
     stream_id = streams.split()[0]
-    follow = await _run([tshark, "-r", str(capture), "-q", "-z", f"follow,tcp,raw,{stream_id}"])
+    follow = await run_tshark(["-r", str(capture), "-q", "-z", f"follow,tcp,raw,{stream_id}"])
     lines = [line for line in follow.splitlines() if re.fullmatch(r"\t?[0-9a-f]+", line)]
     client_bytes = bytes.fromhex("".join(line for line in lines if not line.startswith("\t")))
     server_bytes = bytes.fromhex("".join(line[1:] for line in lines if line.startswith("\t")))
