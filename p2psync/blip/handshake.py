@@ -39,6 +39,12 @@ DEFAULT_APP_ID = "P2PSync_1"
 HANDSHAKE_TIMEOUT = 10.0
 #: Largest WebSocket message accepted: 64 times the largest frame a reference peer sends.
 MAX_WEBSOCKET_MESSAGE = 1024 * 1024
+#: TLS and WebSocket handshakes a server runs at once. Each may take HANDSHAKE_TIMEOUT, so a
+#: stranger who opens TCP connections and never finishes one would otherwise hold a task, a TLS
+#: object and its buffers per connection for 10 s each, without limit. Past the cap the oldest
+#: handshake is dropped: an honest one finishes in milliseconds, so it is almost never the
+#: oldest, and a flood evicts itself (issue #15). Ours.
+MAX_HANDSHAKES = 64
 
 
 # ---------------------------------------------------------------------- handshakes
@@ -332,6 +338,25 @@ class BlipServer:
     def __post_init__(self) -> None:
         self._tls_context: ssl.SSLContext | None = None if self.tls is None else self.tls.server_context()
         self._tls_der: bytes | None = None if self.tls is None else self.tls.der
+        #: handshakes in progress, oldest first (MAX_HANDSHAKES)
+        self._handshaking: dict[trio.CancelScope, None] = {}
+        self.handshakes_dropped = 0
+
+    @property
+    def handshaking(self) -> int:
+        """Connections whose TLS or WebSocket handshake is in progress."""
+        return len(self._handshaking)
+
+    def _admit_handshake(self, scope: trio.CancelScope) -> None:
+        if len(self._handshaking) >= MAX_HANDSHAKES:
+            oldest = next(iter(self._handshaking))
+            del self._handshaking[oldest]
+            oldest.cancel()
+            self.handshakes_dropped += 1
+            if self.handshakes_dropped in (1, 10, 100) or self.handshakes_dropped % 1000 == 0:
+                log.warning("%d handshakes in progress: dropped the oldest (%d so far)", MAX_HANDSHAKES,
+                            self.handshakes_dropped)
+        self._handshaking[scope] = None
 
     @property
     def port(self) -> int:
@@ -360,26 +385,32 @@ class BlipServer:
         if self._tls_context is not None:
             # The TLS handshake runs on the first read, inside accept_stream's deadline.
             stream = trio.SSLStream(stream, self._tls_context, server_side=True)
+        # Cancelled only while it is among the handshakes in progress (MAX_HANDSHAKES); once
+        # the connection runs, nothing cancels it.
+        handshake = trio.CancelScope()
+        self._admit_handshake(handshake)
         try:
-            async with accept_stream(
-                stream,
-                app_id=self.app_id,
-                handlers=self.handlers,
-                ping_interval=self.ping_interval,
-                idle_timeout=self.idle_timeout,
-                max_message_size=self.max_message_size,
-                gather_budget=self.gather_budget,
-                server_certificate=self._tls_der,
-            ) as conn:
-                self.connections.add(conn)
-                try:
-                    if self.on_connect is not None:
-                        conn.start_soon(_guarded, self.on_connect, conn)
-                    task_status.started(conn)
-                    started = True
-                    await conn.wait_closed()
-                finally:
-                    self.connections.discard(conn)
+            with handshake:
+                async with accept_stream(
+                    stream,
+                    app_id=self.app_id,
+                    handlers=self.handlers,
+                    ping_interval=self.ping_interval,
+                    idle_timeout=self.idle_timeout,
+                    max_message_size=self.max_message_size,
+                    gather_budget=self.gather_budget,
+                    server_certificate=self._tls_der,
+                ) as conn:
+                    self._handshaking.pop(handshake, None)
+                    self.connections.add(conn)
+                    try:
+                        if self.on_connect is not None:
+                            conn.start_soon(_guarded, self.on_connect, conn)
+                        task_status.started(conn)
+                        started = True
+                        await conn.wait_closed()
+                    finally:
+                        self.connections.discard(conn)
         except (ConnectionClosed, trio.TooSlowError, InvalidHandshake, InvalidState) as exc:
             if not started and task_status is not trio.TASK_STATUS_IGNORED:
                 raise  # the caller of nursery.start learns why there is no connection
@@ -387,6 +418,8 @@ class BlipServer:
         except Exception:
             # One bad connection must not take the listener down.
             log.exception("BLIP connection failed")
+        finally:
+            self._handshaking.pop(handshake, None)
 
 
 

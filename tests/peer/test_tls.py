@@ -16,6 +16,7 @@ import pytest
 import trio
 
 from p2psync import blip
+from p2psync.blip.handshake import MAX_HANDSHAKES
 from p2psync.blip.tls import TlsCertificate, TlsPinMismatch, client_context, new_certificate
 from p2psync.errors import HandshakeFailed
 from p2psync.peer.peer import Peer, dialer
@@ -147,3 +148,28 @@ def test_a_certificate_round_trips_through_its_directory(tmp_path: Path) -> None
     assert again == cert and again.fingerprint == cert.fingerprint and len(cert.fingerprint) == 43
     assert (tmp_path / "tls" / "key.pem").stat().st_mode & 0o777 == 0o600
     assert new_certificate().fingerprint != cert.fingerprint
+
+
+async def test_handshakes_that_never_finish_do_not_lock_out_an_honest_peer(tmp_path: Path) -> None:
+    """A stranger opening TCP connections and saying nothing holds at most MAX_HANDSHAKES slots;
+    past that the oldest are dropped, and an honest peer still gets in (issue #15)."""
+    server, client = _pair(tmp_path, tls=True)
+    idle: list[trio.SocketStream] = []
+    async with trio.open_nursery() as nursery:
+        blip_server = await nursery.start(server.serve, "127.0.0.1", 0)
+        port = blip_server.port
+        for _ in range(MAX_HANDSHAKES + 40):
+            idle.append(await trio.open_tcp_stream("127.0.0.1", port))
+        with trio.fail_after(5):
+            while blip_server.handshakes_dropped < 40:
+                await trio.sleep(0.01)
+        assert blip_server.handshaking <= MAX_HANDSHAKES
+        with trio.fail_after(10):
+            summary = await client.sync(f"wss://127.0.0.1:{port}/_p2psync", tenant=ALICE.did)
+        assert summary.pull is not None and summary.pull.revs_settled == 5
+        # The first ones opened were dropped: they read the end of the stream.
+        with trio.fail_after(5):
+            assert await idle[0].receive_some(100) == b""
+        for stream in idle:
+            await stream.aclose()
+        nursery.cancel_scope.cancel()
