@@ -1,7 +1,7 @@
 """Two peers in two processes over loopback: pull, push, and large records (issue #5).
 
     .venv/bin/python tests/bench/bench_peer.py [--count 100000] [--size 1024]
-                                               [--big-count 100] [--big-mib 10] [--cache DIR]
+                                               [--big-count 100] [--big-mib 10] [--cache DIR] [--tls]
 
 ``P2PSYNC_BENCH_PROFILE=DIR`` runs both workers under cProfile (``DIR/serve.prof``,
 ``DIR/sync-pull.prof``, ...).
@@ -17,6 +17,8 @@ pair of processes (one serving, one syncing, both ``python -m`` this file in a w
 Prints messages/s (records settled per wall-clock second of the sync, process start and
 store building excluded), MB/s of record data for the large run, and each side's peak RSS
 (``ru_maxrss``). Targets (issue #5): ≥ 5,000 messages/s, ≥ 100 MB/s, RSS < 300 MB per side.
+``--tls``: the same over ``wss://`` (TLS 1.3, the server's certificate pinned), to see what
+encryption costs.
 """
 
 from __future__ import annotations
@@ -90,16 +92,19 @@ def build(path: Path, count: int, size: int) -> None:
 # -- worker modes -------------------------------------------------------------------------------
 
 
-def serve(store_path: str, port_file: str) -> None:
+def serve(store_path: str, port_file: str, tls: str) -> None:
     import trio
 
+    from p2psync.blip.tls import new_certificate
     from p2psync.peer.peer import Peer
 
     async def main() -> None:
-        peer = Peer(Store(store_path), ALICE)
+        cert = new_certificate() if tls == "tls" else None
+        peer = Peer(Store(store_path), ALICE, tls=cert)
         async with trio.open_nursery() as nursery:
             server = await nursery.start(peer.serve, "127.0.0.1", 0)
-            Path(port_file).write_text(str(server.port))
+            scheme = "ws" if cert is None else f"wss {cert.fingerprint}"
+            Path(port_file).write_text(f"{server.port} {scheme}")
             # Serve until stdin closes (the orchestrator's signal), then report.
             ready = _cpu_s()
             await trio.to_thread.run_sync(sys.stdin.read)
@@ -109,15 +114,16 @@ def serve(store_path: str, port_file: str) -> None:
     trio.run(main)
 
 
-def sync(store_path: str, url: str, direction: str) -> None:
+def sync(store_path: str, url: str, direction: str, pin: str) -> None:
     import trio
 
-    from p2psync.peer.peer import Peer
+    from p2psync.peer.peer import Peer, dialer
 
     async def main() -> dict[str, Any]:
         peer = Peer(Store(store_path), ALICE)
         started, cpu = time.perf_counter(), _cpu_s()
-        summary = await peer.sync(url, tenant=ALICE.did, direction=direction)  # type: ignore[arg-type]
+        target = dialer(url, pin=pin or None)
+        summary = await peer.sync(target, tenant=ALICE.did, direction=direction)  # type: ignore[arg-type]
         seconds, cpu = time.perf_counter() - started, _cpu_s() - cpu
         stats = summary.pull if direction == "pull" else summary.push
         assert stats is not None
@@ -131,21 +137,22 @@ def sync(store_path: str, url: str, direction: str) -> None:
 # -- orchestration ------------------------------------------------------------------------------
 
 
-def run_pair(server_store: Path, client_store: Path, direction: str) -> dict[str, Any]:
+def run_pair(server_store: Path, client_store: Path, direction: str, tls: bool = False) -> dict[str, Any]:
     me = [sys.executable, __file__]
     with tempfile.TemporaryDirectory() as tmp:
         port_file = Path(tmp) / "port"
-        server = subprocess.Popen([*me, "--serve", str(server_store), str(port_file)], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, text=True)
+        server = subprocess.Popen([*me, "--serve", str(server_store), str(port_file), "tls" if tls else "plain"],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         try:
             deadline = time.monotonic() + 30
             while not port_file.exists() or not port_file.read_text():
                 if time.monotonic() > deadline or server.poll() is not None:
                     raise SystemExit("the server did not start")
                 time.sleep(0.05)
-            url = f"ws://127.0.0.1:{port_file.read_text()}/_p2psync"
-            out = subprocess.run([*me, "--sync", str(client_store), url, direction], capture_output=True, text=True,
-                                 check=False)
+            port, scheme, *pin = port_file.read_text().split()
+            url = f"{scheme}://127.0.0.1:{port}/_p2psync"
+            out = subprocess.run([*me, "--sync", str(client_store), url, direction, "".join(pin)],
+                                 capture_output=True, text=True, check=False)
             if out.returncode != 0:
                 raise SystemExit(out.stderr)
             result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
@@ -201,10 +208,10 @@ def _cpu_line(r: dict[str, Any], count: int) -> str:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--serve":
-        profiled("serve", serve, sys.argv[2], sys.argv[3])
+        profiled("serve", serve, sys.argv[2], sys.argv[3], sys.argv[4])
         return
     if len(sys.argv) > 1 and sys.argv[1] == "--sync":
-        profiled(f"sync-{sys.argv[4]}", sync, sys.argv[2], sys.argv[3], sys.argv[4])
+        profiled(f"sync-{sys.argv[4]}", sync, sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5])
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--count", type=int, default=100_000)
@@ -213,6 +220,7 @@ def main() -> None:
     ap.add_argument("--big-mib", type=int, default=10)
     ap.add_argument("--cache", default=os.path.join(tempfile.gettempdir(), "p2psync-bench"))
     ap.add_argument("--skip", nargs="*", default=[], choices=["pull", "push", "large"])
+    ap.add_argument("--tls", action="store_true", help="over wss:// (TLS 1.3) instead of ws://")
     args = ap.parse_args()
     cache = Path(args.cache)
     cache.mkdir(parents=True, exist_ok=True)
@@ -224,19 +232,19 @@ def main() -> None:
         build(big, args.big_count, args.big_mib * 1024 * 1024)
     work = cache / "work"
     work.mkdir(exist_ok=True)
-    print(f"two processes over loopback; {os.cpu_count()} CPUs")
+    print(f"two processes over loopback{' with TLS' if args.tls else ''}; {os.cpu_count()} CPUs")
     if "pull" not in args.skip:
-        r = run_pair(copy_store(small, work / "src.db"), fresh(work / "dst.db"), "pull")
+        r = run_pair(copy_store(small, work / "src.db"), fresh(work / "dst.db"), "pull", args.tls)
         print(f"pull {args.count:,} x {args.size} B: {r['settled'] / r['seconds']:,.0f} messages/s "
               f"({r['seconds']:.1f} s; results {r['results']}); "
               f"RSS puller {r['rss_mb']} MB, source {r['server_rss_mb']} MB; {_cpu_line(r, args.count)}")
     if "push" not in args.skip:
-        r = run_pair(fresh(work / "dst.db"), copy_store(small, work / "src.db"), "push")
+        r = run_pair(fresh(work / "dst.db"), copy_store(small, work / "src.db"), "push", args.tls)
         print(f"push {args.count:,} x {args.size} B: {r['settled'] / r['seconds']:,.0f} messages/s "
               f"({r['seconds']:.1f} s; results {r['results']}); "
               f"RSS pusher {r['rss_mb']} MB, sink {r['server_rss_mb']} MB; {_cpu_line(r, args.count)}")
     if "large" not in args.skip:
-        r = run_pair(copy_store(big, work / "src.db"), fresh(work / "dst.db"), "pull")
+        r = run_pair(copy_store(big, work / "src.db"), fresh(work / "dst.db"), "pull", args.tls)
         mb = r["bytes"] / 1e6
         print(f"pull {args.big_count} x {args.big_mib} MiB: {mb / r['seconds']:,.1f} MB/s ({r['seconds']:.1f} s, "
               f"{mb:,.0f} MB); RSS puller {r['rss_mb']} MB, source {r['server_rss_mb']} MB")
