@@ -424,13 +424,6 @@ class ReplicationProtocol:
         for error in sorted(errors, key=lambda e: isinstance(e, ConnectionLost)):
             raise error
 
-    def until_closed_or(self, stopped: Callable[[], bool]) -> Effects:
-        """Until the connection ends (then ``503 ConnectionLost``) or ``stopped()``."""
-        while not self.closed and not stopped():
-            yield self._changed
-        if self.closed:
-            raise ConnectionLost(self.close_reason or "closed")
-
     def set_checkpoint(self, index: int, pair: dict[str, Any], rev: str | None) -> Effects:
         """``setCheckpoint``; returns the new rev (a stale one is ``409 CheckpointRevConflict``)."""
         props = {"collection": str(index)}
