@@ -19,7 +19,8 @@ peer per window.
 (:meth:`Quotas.fit`, with a per-message allowance for the message itself, whose size a listing
 does not give), and whether one message fits exactly (:meth:`Quotas.check`, before its apply);
 :meth:`Quotas.admitted` charges what an apply stored, in the apply's own transaction. A
-refusal is logged once per episode (until the tenant or peer takes something again).
+refusal is logged once per episode: until a listing of that tenant (or that pusher) is taken
+whole again.
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ class Limit:
         return self.messages is None and self.bytes is None
 
     def __str__(self) -> str:
-        parts = [f"{self.messages:,} messages" if self.messages is not None else "",
+        parts = [_messages(self.messages) if self.messages is not None else "",
                  _size(self.bytes) if self.bytes is not None else ""]
         return " and ".join(p for p in parts if p) or "unlimited"
 
@@ -136,6 +137,7 @@ class _Room:
 
     messages: float
     bytes: float
+    kind: str  # "tenant" or "peer"
     subject: str  # the tenant, or the pushing peer
     refusal: Callable[[], QuotaExceeded]
 
@@ -211,6 +213,8 @@ class Quotas:
                 if not room.takes(need):
                     return i, self._refused(room)
                 room.take(need)
+        for room in rooms:  # a listing taken whole: whatever held these back is over
+            self._episodes.discard((room.kind, room.subject))
         return len(sizes), None
 
     def check(self, tenant: str, payer: str | None, cost: Usage) -> None:
@@ -226,12 +230,8 @@ class Quotas:
         """An apply of ``tenant`` (pushed by ``payer``) is done in the open transaction, which
         held ``before``: charge ``payer`` what it stored there, in the same transaction."""
         grown = self.usage(tenant) - before
-        if not grown.grew:
+        if not grown.grew or payer is None or self.policy.peer.unlimited:
             return
-        self._episodes.discard(("tenant", tenant))
-        if payer is None or self.policy.peer.unlimited:
-            return
-        self._episodes.discard(("peer", payer))
         start, spent = self.spent(payer)
         total = spent + Usage(max(grown.messages, 0), max(grown.bytes, 0))
         self.store.conn.execute(
@@ -247,26 +247,26 @@ class Quotas:
         limit = self.policy.for_tenant(tenant)
         if not limit.unlimited:
             used = self.usage(tenant)
-            rooms.append(_Room(_left(limit.messages, used.messages), _left(limit.bytes, used.bytes), tenant,
+            rooms.append(_Room(_left(limit.messages, used.messages), _left(limit.bytes, used.bytes), "tenant", tenant,
                                lambda: self._tenant_refusal(tenant, limit, used)))
         budget = self.policy.peer
         if payer is not None and not budget.unlimited:
             start, spent = self.spent(payer)
-            rooms.append(_Room(_left(budget.messages, spent.messages), _left(budget.bytes, spent.bytes), payer,
+            rooms.append(_Room(_left(budget.messages, spent.messages), _left(budget.bytes, spent.bytes), "peer", payer,
                                lambda: self._peer_refusal(payer, budget, start, spent)))
         return rooms
 
     def _tenant_refusal(self, tenant: str, limit: Limit, used: Usage) -> QuotaExceeded:
         return QuotaExceeded(
             *QuotaExceeded.TENANT,
-            f"tenant {tenant[:80]} holds {used.messages:,} messages and {_size(used.bytes)} on this node, "
-            f"whose quota for it is {limit}", local=True)
+            f"tenant {tenant[:80]} holds {_messages(used.messages)} and {_size(used.bytes)} on this node, "
+            f"and its quota here is {limit}", local=True)
 
     def _peer_refusal(self, peer: str, budget: Limit, start: float, spent: Usage) -> QuotaExceeded:
         after = max(1, math.ceil(start + self.policy.window - self.clock()))
         return QuotaExceeded(
             *QuotaExceeded.PEER,
-            f"{peer[:80]} pushed {spent.messages:,} messages and {_size(spent.bytes)} in this window; "
+            f"{peer[:80]} pushed {_messages(spent.messages)} and {_size(spent.bytes)} in this window; "
             f"a peer that may not read the tenant may push {budget} every {self.policy.window:g} s; "
             f"try again in {after} s", retry_after=after, local=True)
 
@@ -274,14 +274,14 @@ class Quotas:
         """The refusal of ``room``, logged when it begins an episode (the tenant, or the
         pusher, takes nothing more until one of its messages is stored again)."""
         refusal = room.refusal()
-        episode = (refusal.kind, room.subject)
+        episode = (room.kind, room.subject)
         if episode not in self._episodes:
             self._episodes.add(episode)
-            if refusal.kind == "tenant":
-                log.warning("tenant %s reached its quota on this node; taking no more of its messages: %s",
-                            room.subject[:80], refusal.detail)
+            if room.kind == "tenant":
+                log.warning("tenant %s would pass its quota on this node: taking no more of its messages "
+                            "until the quota is raised (%s)", room.subject[:80], refusal.detail)
             else:
-                log.warning("peer %s spent its push budget; refusing its pushes for %s s: %s",
+                log.warning("peer %s spent its push budget: refusing its pushes for %s s (%s)",
                             room.subject[:80], refusal.retry_after, refusal.detail)
         return refusal
 
@@ -296,6 +296,10 @@ class Quotas:
 
 def _left(limit: int | None, used: int) -> float:
     return math.inf if limit is None else limit - used
+
+
+def _messages(n: int) -> str:
+    return f"{n:,} message" if n == 1 else f"{n:,} messages"
 
 
 def _size(n: float) -> str:

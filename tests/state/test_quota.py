@@ -137,4 +137,4 @@ def test_a_refusal_is_logged_once_per_episode(tmp_path: Path, caplog: pytest.Log
             with pytest.raises(QuotaExceeded):
                 quotas.check(w.tenant, None, Usage(1, 10))
     lines = [r.getMessage() for r in caplog.records if r.name == "p2psync.quota"]
-    assert len(lines) == 1 and "reached its quota" in lines[0] and w.tenant in lines[0]
+    assert len(lines) == 1 and "would pass its quota" in lines[0] and w.tenant in lines[0]
