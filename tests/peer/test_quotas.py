@@ -193,3 +193,20 @@ async def test_no_quotas_bound_nothing(tmp_path: Path) -> None:
         await Peer(laptop, MALLORY).sync(url, tenant=ALICE.did, direction="push")
     assert held(node_store) == 4
     assert node_store.conn.execute("SELECT count(*) FROM peer_push_budget").fetchone() == (0,)
+
+
+async def test_a_take_by_reconciliation_stops_at_the_tenant_quota(tmp_path: Path) -> None:
+    """Anti-entropy hands over what the node lacks (a take): only what fits is fetched; the
+    rest is reported, and a take of which nothing fits is refused whole."""
+    node_store, laptop = new_store(tmp_path, "node"), new_store(tmp_path, "laptop")
+    clock = Clock()
+    write_notes(laptop, ALICE, 2, clock=clock)
+    node = Peer(node_store, ALICE, stores={ALICE.did}, quotas=QuotaPolicy(tenant=Limit(5, None)))
+    async with served(node) as url:
+        await Peer(laptop, ALICE).sync(url, tenant=ALICE.did, direction="push")
+        write_notes(laptop, ALICE, 6, clock=clock, prefix="more")
+        first = await Peer(laptop, ALICE).reconcile(url, tenant=ALICE.did, repair=True, direction="push")
+        assert first.pushed == {"Applied": 3, "TenantQuotaExceeded": 3}
+        assert held(node_store) == 5
+        second = await Peer(laptop, ALICE).reconcile(url, tenant=ALICE.did, repair=True, direction="push")
+        assert second.pushed == {"TenantQuotaExceeded": 3} and held(node_store) == 5
