@@ -383,7 +383,7 @@ class Sink:
             self._notify()
             raise refusal
         taken = wanted[fits]
-        self.quota_refused(refusal, len(listed) - taken)
+        self.quota_refused(refusal, len(wanted) - fits)
         statuses[taken:] = [refusal.code] * (len(listed) - taken)
         return taken
 
