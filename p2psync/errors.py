@@ -11,6 +11,9 @@ The bottom layer: it imports nothing from p2psync, and every other layer's error
     │   ├── CheckpointRevConflict(current)
     │   │                           setCheckpoint with a stale rev (p2psync.state.copies'
     │   │                           CopyRevConflict is this class)
+    │   ├── QuotaExceeded(retry_after, local)
+    │   │                           507 TenantQuotaExceeded, 429 PeerQuotaExceeded: a quota
+    │   │                           of the receiving node (p2psync.state.quota)
     │   └── p2psync.replication.effects.ConnectionLost(detail)
     │                               503: the connection ended while an operation waited
     ├── InputRejected               input that broke a rule, named by a string code with an
@@ -31,7 +34,8 @@ The bottom layer: it imports nothing from p2psync, and every other layer's error
     closes the connection and its requests see ConnectionClosed.)
 
 :func:`disposition` (:func:`is_retryable`) decides whether a failed round is worth another
-round, from :data:`RETRY_RULES`; :func:`describe` gives the one line a user sees.
+round, from :data:`RETRY_RULES`, and :func:`retry_after` how long a refusal asks to wait;
+:func:`describe` gives the one line a user sees.
 :meth:`Refusal.read` makes a refusal read from the wire the class its name has.
 """
 
@@ -56,6 +60,7 @@ __all__ = [
     "LocalFailure",
     "LocalMisuse",
     "P2PSyncError",
+    "QuotaExceeded",
     "Refusal",
     "RetryRule",
     "as_refusal",
@@ -64,6 +69,7 @@ __all__ = [
     "error_name",
     "is_retryable",
     "leaf",
+    "retry_after",
 ]
 
 #: The error domain of the replication profiles' refusals (replication-profiles.md §13).
@@ -135,9 +141,45 @@ class CheckpointRevConflict(Refusal):
         return cls(rev if isinstance(rev, str) else None, detail, body=body)
 
 
+class QuotaExceeded(Refusal):
+    """A quota of the receiving node is spent (issue #15; replication-profiles.md §13):
+
+    - ``507 TenantQuotaExceeded``: the tenant holds as many messages or bytes as the node
+      stores for it; nothing more is taken until the quota is raised (not retried);
+    - ``429 PeerQuotaExceeded``: the pushing peer's DID has spent its budget for the current
+      window; ``retry_after`` (the body's ``retryAfter``, whole seconds) says when it renews.
+
+    ``local``: raised by our own store (a pull of ours that reached our quota), not read from
+    a peer's answer; :func:`describe` says so instead of "refused".
+    """
+
+    TENANT: ClassVar[tuple[int, str]] = (507, "TenantQuotaExceeded")
+    PEER: ClassVar[tuple[int, str]] = (429, "PeerQuotaExceeded")
+
+    def __init__(self, code: int, name: str, detail: str = "", *, retry_after: int | None = None,
+                 local: bool = False, body: dict[str, Any] | None = None) -> None:
+        self.retry_after = retry_after
+        self.local = local
+        if body is None:
+            body = {"code": name, "detail": detail, **({} if retry_after is None else {"retryAfter": retry_after})}
+        super().__init__(code, name, detail, body)
+
+    @property
+    def kind(self) -> str:
+        """``tenant`` or ``peer`` (the metrics' label)."""
+        return "peer" if (self.code, self.name) == self.PEER else "tenant"
+
+    @classmethod
+    def _read(cls, code: int, name: str, detail: str, body: dict[str, Any]) -> Refusal:
+        after = body.get("retryAfter")
+        return cls(code, name, detail, retry_after=after if type(after) is int and after >= 0 else None, body=body)
+
+
 #: Refusals read from the wire as their own class, by (code, name).
 _KNOWN: Final[dict[tuple[int, str], type[Refusal]]] = {
     (CheckpointRevConflict.CODE, CheckpointRevConflict.NAME): CheckpointRevConflict,
+    QuotaExceeded.TENANT: QuotaExceeded,
+    QuotaExceeded.PEER: QuotaExceeded,
 }
 
 
@@ -207,7 +249,8 @@ class RetryRule:
 _RETRY, _TERMINAL = Disposition.RETRY, Disposition.TERMINAL
 
 #: The decision for a refusal: the first row that matches; none matches: terminal (400, 401,
-#: 403, 404, 413 and BLIP errors: the sender is wrong, or a grant or policy must change first).
+#: 403, 404, 413, 507 and BLIP errors: the sender is wrong, or a grant, a policy or a quota must
+#: change first).
 #: The rows are the decisions p2psync.peer.peer made before this table: §13's retry column,
 #: except that a 409 other than RoleMismatch and FeedActive is retried (§13: only
 #: CheckpointRevConflict) and BLIP 501 is not (§13: with backoff).
@@ -219,6 +262,7 @@ RETRY_RULES: Final[tuple[RetryRule, ...]] = (
                                  "connection-state conflicts (ChangesUnsolicited, RevUnsolicited, "
                                  "HelloRepeated) start clean on a new connection"),
     RetryRule(424, None, _RETRY, "an attachment failed its check or could not be fetched: after backoff"),
+    RetryRule(*QuotaExceeded.PEER, _RETRY, "the pusher's budget for the window is spent: after retryAfter"),
     RetryRule(503, None, _RETRY, "not now (Busy, StoreUnavailable, Stalled, ConnectionLost)"),
 )
 
@@ -241,6 +285,16 @@ def disposition(exc: BaseException) -> Disposition:
 def is_retryable(exc: BaseException) -> bool:
     """``disposition(exc) is Disposition.RETRY``."""
     return disposition(exc) is Disposition.RETRY
+
+
+def retry_after(exc: BaseException) -> int | None:
+    """The seconds a refusal asks the sender to wait before trying again (its body's
+    ``retryAfter``, §13), or None when it names none (inside groups: :func:`leaf`)."""
+    exc = leaf(exc)
+    if not isinstance(exc, Refusal):
+        return None
+    after = exc.body.get("retryAfter")
+    return after if type(after) is int and after >= 0 else None
 
 
 # --------------------------------------------------------------------------- one line
@@ -267,6 +321,9 @@ def describe(exc: BaseException, url: str) -> str | None:
     """The one line a user sees for a failure of work with the peer at ``url`` (inside groups:
     :func:`leaf`), or None when ``exc`` is not one we explain (a bug: show its traceback)."""
     exc = leaf(exc)
+    if isinstance(exc, QuotaExceeded) and exc.local:
+        # Our own store stopped taking the tenant's messages: the peer refused nothing.
+        return f"stopped taking messages from {url}: {exc.code} {exc.name}: {exc.detail}"
     if isinstance(exc, Refusal) and exc.name == "ConnectionLost":
         # Raised on our side when the connection drops mid-round (the peer stopped, the
         # network went away): nothing refused us, so do not say "refused".

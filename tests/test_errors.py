@@ -26,11 +26,13 @@ from p2psync.errors import (
     LocalFailure,
     LocalMisuse,
     P2PSyncError,
+    QuotaExceeded,
     Refusal,
     describe,
     disposition,
     error_name,
     is_retryable,
+    retry_after,
 )
 from p2psync.node.node import NodeError
 from p2psync.peer.session import from_blip, to_blip
@@ -257,6 +259,30 @@ def test_every_rule_says_why_and_is_reachable() -> None:
         assert next(r for r in RETRY_RULES if r.matches(probe)) is rule, f"row {i} is shadowed"
 
 
+def test_a_spent_peer_budget_is_retried_after_its_window_and_a_full_tenant_is_not() -> None:
+    """429 PeerQuotaExceeded renews with the window (its retryAfter); 507 TenantQuotaExceeded
+    stays until the receiving node's operator raises the quota (issue #15)."""
+    spent = QuotaExceeded(*QuotaExceeded.PEER, "budget spent", retry_after=1200)
+    full = QuotaExceeded(*QuotaExceeded.TENANT, "tenant is full")
+    assert is_retryable(spent) and disposition(full) is Disposition.TERMINAL
+    assert retry_after(spent) == 1200 and retry_after(full) is None
+    assert retry_after(PeerError(503, "Busy", "", {"code": "Busy", "detail": "", "retryAfter": 5})) == 5
+    assert retry_after(ConnectionClosed()) is None
+    assert (spent.kind, full.kind) == ("peer", "tenant")
+    # Another 429 (not ours) keeps the table's default.
+    assert not is_retryable(PeerError(429, "TooManyRequests"))
+
+
+def test_a_quota_refusal_is_read_back_with_its_retry_after() -> None:
+    sent = QuotaExceeded(*QuotaExceeded.PEER, "budget spent", retry_after=77)
+    assert sent.body == {"code": "PeerQuotaExceeded", "detail": "budget spent", "retryAfter": 77}
+    read = _read(to_blip(sent))
+    assert isinstance(read, QuotaExceeded) and read.retry_after == 77 and not read.local
+    full = _read(to_blip(QuotaExceeded(*QuotaExceeded.TENANT, "full", local=True)))
+    assert isinstance(full, QuotaExceeded) and full.retry_after is None and not full.local
+    assert error_name(full) == "507 TenantQuotaExceeded"
+
+
 def test_a_group_is_decided_by_its_meaningful_leaf() -> None:
     group = BaseExceptionGroup("round", [trio.Cancelled._create(), ConnectionClosed("gone")])
     assert errors.leaf(group).__class__ is ConnectionClosed and is_retryable(group)
@@ -283,6 +309,10 @@ def test_a_group_is_decided_by_its_meaningful_leaf() -> None:
         (ConnectionRefusedError(111, "Connection refused"), f"cannot connect to {URL}: Connection refused"),
         (DwnError("SyncScopeInvalid", "protocol must be a URL"), "SyncScopeInvalid: protocol must be a URL"),
         (StoreUnavailable("the commit failed: disk full"), "the commit failed: disk full"),
+        (QuotaExceeded(*QuotaExceeded.TENANT, "tenant did:key:z6Mka is at its quota"),
+         f"{URL} refused: 507 TenantQuotaExceeded: tenant did:key:z6Mka is at its quota"),
+        (QuotaExceeded(*QuotaExceeded.TENANT, "tenant did:key:z6Mka is at its quota", local=True),
+         f"stopped taking messages from {URL}: 507 TenantQuotaExceeded: tenant did:key:z6Mka is at its quota"),
         (NodeError("ListenFailed", "cannot listen on 127.0.0.1:4984: Address in use"),
          "cannot listen on 127.0.0.1:4984: Address in use"),
     ],

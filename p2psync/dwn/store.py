@@ -20,7 +20,7 @@ import apsw
 from p2psync.dwn.encoding import json_compact, message_cid
 from p2psync.dwn.errors import DwnError
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 # Checkpoint the WAL every ~40 MB rather than the default ~4 MB: each checkpoint syncs the
 # database file, and with a dozen pages per commit the default checkpoints every ~80 commits.
@@ -199,6 +199,46 @@ _MIGRATIONS: dict[int, str] = {
     INSERT INTO set_journal(tenant, protocol, cid, delta) SELECT tenant, protocol, cid, 1 FROM messages ORDER BY id;
     INSERT INTO meta(key, value) VALUES('set_journal_floor', '0');
     """,
+    # What each tenant's admitted history takes: the archive's rows and their bytes (the
+    # message as admitted plus the data it came with), kept by triggers, so every writer — a
+    # replicated apply, a local write, a warp that drops a message, data attached later,
+    # another process — counts, in its own transaction (p2psync/state/quota.py reads it for
+    # the tenant quotas of issue #15). Written to survive a store whose archive was rebuilt
+    # by hand (the downgrade tests drop and recreate it): the counts are taken afresh.
+    4: """
+    CREATE TABLE IF NOT EXISTS tenant_usage(
+        tenant INTEGER PRIMARY KEY,  -- tenants.id
+        messages INTEGER,            -- archive rows
+        bytes INTEGER                -- UTF-8 bytes of their bodies plus their data
+    );
+    DELETE FROM tenant_usage;
+    INSERT INTO tenant_usage(tenant, messages, bytes)
+        SELECT tenant, count(*), sum(length(CAST(body AS BLOB)) + coalesce(length(data), 0))
+        FROM archive GROUP BY tenant;
+    DROP TRIGGER IF EXISTS tenant_usage_insert;
+    DROP TRIGGER IF EXISTS tenant_usage_delete;
+    DROP TRIGGER IF EXISTS tenant_usage_update;
+    CREATE TRIGGER tenant_usage_insert AFTER INSERT ON archive BEGIN
+        INSERT INTO tenant_usage(tenant, messages, bytes)
+            VALUES(new.tenant, 1, length(CAST(new.body AS BLOB)) + coalesce(length(new.data), 0))
+            ON CONFLICT(tenant) DO UPDATE SET messages = messages + 1, bytes = bytes + excluded.bytes;
+    END;
+    CREATE TRIGGER tenant_usage_delete AFTER DELETE ON archive BEGIN
+        UPDATE tenant_usage SET messages = messages - 1,
+            bytes = bytes - (length(CAST(old.body AS BLOB)) + coalesce(length(old.data), 0))
+            WHERE tenant = old.tenant;
+    END;
+    -- data attached to a message archived without it (canonical.py's attach_data), or any
+    -- other change of what a row holds
+    CREATE TRIGGER tenant_usage_update AFTER UPDATE OF tenant, body, data ON archive BEGIN
+        UPDATE tenant_usage SET messages = messages - 1,
+            bytes = bytes - (length(CAST(old.body AS BLOB)) + coalesce(length(old.data), 0))
+            WHERE tenant = old.tenant;
+        INSERT INTO tenant_usage(tenant, messages, bytes)
+            VALUES(new.tenant, 1, length(CAST(new.body AS BLOB)) + coalesce(length(new.data), 0))
+            ON CONFLICT(tenant) DO UPDATE SET messages = messages + 1, bytes = bytes + excluded.bytes;
+    END;
+    """,
 }
 
 
@@ -371,6 +411,16 @@ class Store:
         """False only for a tenant this store holds and has disabled (``tenants.active = 0``)."""
         row = self.conn.execute("SELECT active FROM tenants WHERE did=?", (did,)).fetchone()
         return row is None or bool(row[0])
+
+    def usage(self, did: str) -> tuple[int, int]:
+        """(messages, bytes) the tenant's admitted history takes: its archived messages, and the
+        UTF-8 bytes of each as admitted plus the data it came with (schema 4's
+        ``tenant_usage``, kept by triggers; uncommitted writes on this connection included)."""
+        tid = self.tenant_id(did, create=False)
+        if tid is None:
+            return 0, 0
+        row = self.conn.execute("SELECT messages, bytes FROM tenant_usage WHERE tenant=?", (tid,)).fetchone()
+        return (0, 0) if row is None else (int(row[0] or 0), int(row[1] or 0))
 
     def set_tenant_active(self, did: str, active: bool) -> None:
         """Enable or disable a tenant; a disabled tenant's replicated messages are deferred."""

@@ -11,9 +11,11 @@ merging: what you see in the highest layer is what runs).
 
 from __future__ import annotations
 
+import enum
 import ipaddress
 import math
 import os
+import re
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -26,6 +28,13 @@ from p2psync.blip.tls import FINGERPRINT_RE
 from p2psync.dwn.errors import DwnError
 from p2psync.peer.endpoint import is_loopback, plain_ws_refused
 from p2psync.replication.scope import SyncScope
+from p2psync.state.quota import (
+    DEFAULT_PEER_BYTES,
+    DEFAULT_PEER_MESSAGES,
+    DEFAULT_PEER_WINDOW,
+    Limit,
+    QuotaPolicy,
+)
 
 __all__ = [
     "CONFIG_ENV",
@@ -36,6 +45,7 @@ __all__ = [
     "DEFAULT_METRICS_HOST",
     "DEFAULT_PORT",
     "ENV_VARS",
+    "INHERIT",
     "LOG_LEVELS",
     "MIN_ANTI_ENTROPY_INTERVAL",
     "ConfigError",
@@ -70,6 +80,11 @@ DEFAULT_ANTI_ENTROPY_MAX_INTERVAL: Final = 600.0
 #: Below this an anti-entropy check would mostly repeat the last one and load the peer with
 #: connections; a configured interval must be at least this (seconds).
 MIN_ANTI_ENTROPY_INTERVAL: Final = 1.0
+#: How a quota setting says "no bound" (p2psync/state/quota.py; 0 means nothing at all).
+UNLIMITED_TEXT: Final = "unlimited"
+#: Units a size may be written in (``"512 MiB"``, ``"10 GB"``): SI and binary multiples.
+SIZE_UNITS: Final = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+                     "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
 Direction = Literal["pull", "push", "both"]
 DIRECTIONS: Final = ("pull", "push", "both")
@@ -91,13 +106,25 @@ class ConfigError(Exception):
 # --------------------------------------------------------------------------- the settings
 
 
+class _Inherit(enum.Enum):
+    INHERIT = "inherit"
+
+
+#: A tenant's quota setting that is not given: the ``quota.tenant_*`` default applies.
+INHERIT: Final = _Inherit.INHERIT
+Amount = int | None  # a quota: a number, or None for no bound
+
+
 @dataclass(frozen=True)
 class TenantConfig:
-    """One tenant the node syncs: its DID (None: the node's own), direction and scopes."""
+    """One tenant the node syncs: its DID (None: the node's own), direction and scopes, and
+    its own storage quota (:data:`INHERIT`: the ``quota.tenant_*`` default; None: no bound)."""
 
     did: str | None = None
     direction: Direction = "both"
     scopes: tuple[SyncScope, ...] = field(default_factory=lambda: (SyncScope.global_scope(),))
+    quota_messages: Amount | Literal[_Inherit.INHERIT] = INHERIT
+    quota_bytes: Amount | Literal[_Inherit.INHERIT] = INHERIT
 
 
 @dataclass(frozen=True)
@@ -135,6 +162,15 @@ class NodeConfig:
     anti_entropy_interval: float = DEFAULT_ANTI_ENTROPY_INTERVAL  # seconds, the base interval
     anti_entropy_jitter: float = DEFAULT_ANTI_ENTROPY_JITTER  # a fraction of the interval, either way
     anti_entropy_max_interval: float = DEFAULT_ANTI_ENTROPY_MAX_INTERVAL  # seconds, while equal
+    # What replication may store (p2psync/state/quota.py; None: no bound). Each stored tenant,
+    # unless its [[tenant]] says otherwise: unbounded, since the node stores only tenants its
+    # operator named and a guessed cap would stop a real one mid-way. A pushing peer that may
+    # not read the tenant: a budget per window.
+    quota_tenant_messages: Amount = None
+    quota_tenant_bytes: Amount = None
+    quota_peer_messages: Amount = DEFAULT_PEER_MESSAGES
+    quota_peer_bytes: Amount = DEFAULT_PEER_BYTES
+    quota_peer_window: float = DEFAULT_PEER_WINDOW  # seconds
 
     def check(self) -> None:
         """Checks between settings (each one is checked on its own as it is parsed); raises
@@ -153,6 +189,18 @@ class NodeConfig:
             raise ConfigError("configuration", "anti_entropy.max_interval",
                               f"must be at least anti_entropy.interval ({self.anti_entropy_interval:g}), "
                               f"not {self.anti_entropy_max_interval:g}")
+
+    def quota_policy(self, tenants: tuple[TenantConfig, ...]) -> QuotaPolicy:
+        """The store's quotas for ``tenants`` (as :meth:`tenants_for` resolves them)."""
+        default = Limit(self.quota_tenant_messages, self.quota_tenant_bytes)
+        own = {
+            t.did: Limit(default.messages if t.quota_messages is INHERIT else t.quota_messages,
+                         default.bytes if t.quota_bytes is INHERIT else t.quota_bytes)
+            for t in tenants
+            if t.did is not None and (t.quota_messages is not INHERIT or t.quota_bytes is not INHERIT)
+        }
+        return QuotaPolicy(tenant=default, tenants=own, peer=Limit(self.quota_peer_messages, self.quota_peer_bytes),
+                           window=self.quota_peer_window)
 
     @property
     def tls_enabled(self) -> bool:
@@ -308,6 +356,43 @@ def _jitter(value: Any) -> float:
     return fraction
 
 
+def _messages(value: Any) -> Amount:
+    """A number of messages (0 or more), or ``"unlimited"`` (None)."""
+    if isinstance(value, str):
+        text = value.strip().lower().replace("_", "")
+        if text == UNLIMITED_TEXT:
+            return None
+        if text.isdigit():
+            value = int(text)
+    if type(value) is not int or value < 0:
+        raise ValueError(f'must be a whole number of messages (0 or more) or "{UNLIMITED_TEXT}", not {value!r}')
+    return value
+
+
+def _bytes(value: Any) -> Amount:
+    """A size in bytes: an integer, text with a unit (``"512 MiB"``, ``"10 GB"``), or
+    ``"unlimited"`` (None)."""
+    if isinstance(value, str):
+        text = value.strip().lower().replace("_", "")
+        if text == UNLIMITED_TEXT:
+            return None
+        match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([a-z]*)", text)
+        if match is None or match.group(2) not in SIZE_UNITS:
+            raise ValueError(f'must be a size in bytes (1000000, "512 MiB", "10 GB") or "{UNLIMITED_TEXT}", '
+                             f"not {value!r}")
+        value = int(float(match.group(1)) * SIZE_UNITS[match.group(2)])
+    if type(value) is not int or value < 0:
+        raise ValueError(f'must be a size in bytes (1000000, "512 MiB", "10 GB") or "{UNLIMITED_TEXT}", not {value!r}')
+    return value
+
+
+def _window(value: Any) -> float:
+    seconds = _number(value)
+    if seconds < 1:
+        raise ValueError(f"must be at least 1 second, not {value!r}")
+    return seconds
+
+
 def _list(item: Callable[[Any], Any]) -> Callable[[Any], tuple[Any, ...]]:
     """A list of ``item``: a TOML array, or comma/space-separated text (environment, flags)."""
 
@@ -381,6 +466,11 @@ KEYS: Final[dict[str, _Key]] = {
     "anti_entropy.interval": _Key("anti_entropy_interval", _interval, "P2PSYNC_ANTI_ENTROPY_INTERVAL"),
     "anti_entropy.jitter": _Key("anti_entropy_jitter", _jitter, "P2PSYNC_ANTI_ENTROPY_JITTER"),
     "anti_entropy.max_interval": _Key("anti_entropy_max_interval", _interval, "P2PSYNC_ANTI_ENTROPY_MAX_INTERVAL"),
+    "quota.tenant_messages": _Key("quota_tenant_messages", _messages, "P2PSYNC_QUOTA_TENANT_MESSAGES"),
+    "quota.tenant_bytes": _Key("quota_tenant_bytes", _bytes, "P2PSYNC_QUOTA_TENANT_BYTES"),
+    "quota.peer_messages": _Key("quota_peer_messages", _messages, "P2PSYNC_QUOTA_PEER_MESSAGES"),
+    "quota.peer_bytes": _Key("quota_peer_bytes", _bytes, "P2PSYNC_QUOTA_PEER_BYTES"),
+    "quota.peer_window": _Key("quota_peer_window", _window, "P2PSYNC_QUOTA_PEER_WINDOW"),
 }
 #: Environment variables of the two lists: whitespace- or comma-separated.
 PEERS_ENV: Final = "P2PSYNC_PEERS"
@@ -389,13 +479,14 @@ TENANTS_ENV: Final = "P2PSYNC_TENANTS"
 ENV_VARS: Final = (CONFIG_ENV, *(k.env for k in KEYS.values() if k.env), PEERS_ENV, TENANTS_ENV)
 
 _TABLES: Final = frozenset(k.split(".")[0] for k in KEYS if "." in k)
-_TENANT_KEYS: Final = frozenset({"did", "direction", "scopes"})
+_TENANT_KEYS: Final = frozenset({"did", "direction", "scopes", "quota_messages", "quota_bytes"})
 _PEER_KEYS: Final = frozenset({"url", "tenants", "pin"})
 
 
 #: Parsers of values that a file gives as TOML numbers or booleans, and what each expects.
 _NOT_TEXT: Final[dict[Callable[[Any], Any], str]] = {
     _port: "an integer", _bool: "true or false", _interval: "a number", _jitter: "a number",
+    _window: "a number",
 }
 
 
@@ -411,6 +502,15 @@ def _typed(parse: Callable[[Any], Any]) -> Callable[[Any], Any]:
             return parse(value)
 
         return strict
+    if parse is _messages:
+
+        def count(value: Any) -> Any:
+            # A count is a TOML integer; the only text it takes is "unlimited".
+            if isinstance(value, str) and value.strip().lower() != UNLIMITED_TEXT:
+                raise ValueError(f'must be an integer (without quotes) or "{UNLIMITED_TEXT}", not {value!r}')
+            return parse(value)
+
+        return count
     return parse
 
 
@@ -478,7 +578,11 @@ def _tenants(where: str, value: Any) -> tuple[TenantConfig, ...]:
             raise ConfigError(where, f"tenant[{i}].scopes", "must name at least one scope")
         if len({s.scope_id for s in scopes}) != len(scopes):
             raise ConfigError(where, f"tenant[{i}].scopes", "a scope is listed twice")
-        out.append(TenantConfig(did, direction, scopes))
+        messages = (_check(where, f"tenant[{i}].quota_messages", _typed(_messages), table["quota_messages"])
+                    if "quota_messages" in table else INHERIT)
+        size = (_check(where, f"tenant[{i}].quota_bytes", _bytes, table["quota_bytes"])
+                if "quota_bytes" in table else INHERIT)
+        out.append(TenantConfig(did, direction, scopes, messages, size))
     return tuple(out)
 
 

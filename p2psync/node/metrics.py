@@ -35,6 +35,7 @@ from p2psync.state.ledger import Direction, Ledger, LedgerEvent, LinkState, Link
 
 __all__ = [
     "GAP_REASONS",
+    "QUOTA_KINDS",
     "LATENCY_BUCKETS_MS",
     "METRIC_NAMES",
     "NodeMetrics",
@@ -70,6 +71,9 @@ _LINK_LABELS: Final = ("tenant", "remote", "scope")
 #: that a rate over ``sync_gap_repairs_total{reason}`` has a series before the first repair.
 #: Another reason, should one appear, gets its series when it first happens.
 GAP_REASONS: Final = ("progress_gap", "epoch_changed", "pending_overflow", "unsettled")
+#: The kinds of quota refusal (p2psync/state/quota.py), exposed at 0 from the start: a
+#: tenant's storage quota (507 TenantQuotaExceeded) and a pusher's budget (429 PeerQuotaExceeded).
+QUOTA_KINDS: Final = ("tenant", "peer")
 #: Reasons the ledger already counts (a link entering `repairing`); the round's reconciliations
 #: for other reasons (never_linked, checkpoint_mismatch) are counted when they finish.
 LEDGER_COUNTED: Final = frozenset(GAP_REASONS)
@@ -106,6 +110,8 @@ class NodeMetrics:
         self.gap_repairs: dict[str, int] = dict.fromkeys(GAP_REASONS, 0)
         self.gap_repair_messages: dict[str, int] = {}
         self.pushes_refused = 0  # pushes for a tenant this node does not store (issue #15)
+        #: refusals by a quota of this node's store (issue #15), by kind
+        self.quota_refused_by_kind: dict[str, int] = dict.fromkeys(QUOTA_KINDS, 0)
         self.antientropy_rounds: dict[str, int] = dict.fromkeys(OUTCOMES, 0)
         self.antientropy_bytes = 0
         self.antientropy_round_trips = 0
@@ -142,6 +148,9 @@ class NodeMetrics:
 
     def push_refused(self, tenant: str, remote: str) -> None:
         self.pushes_refused += 1
+
+    def quota_refused(self, kind: str, tenant: str) -> None:
+        self.quota_refused_by_kind[kind] = self.quota_refused_by_kind.get(kind, 0) + 1
 
     def gap_repaired(self, reason: str, fetched: int, taken: int) -> None:
         # A progress gap was counted when its link entered `repairing` (a ledger event, below);
@@ -198,6 +207,13 @@ class NodeMetrics:
         yield CounterMetricFamily("sync_pushes_refused",
                                   "Pushes refused because this node does not store their tenant.",
                                   value=self.pushes_refused)
+        quota = CounterMetricFamily(
+            "sync_quota_refused",
+            "Requests, `rev`s and listings refused by a quota of this node: a tenant's (507) or a pusher's (429).",
+            labels=["kind"])
+        for kind, n in sorted(self.quota_refused_by_kind.items()):
+            quota.add_metric([kind], n)
+        yield quota
         yield from self._anti_entropy_families()
         rewinds = CounterMetricFamily("sync_checkpoint_rewinds",
                                       "Checkpoints rewound to the peer's lower copy at a round's start.")

@@ -171,8 +171,10 @@ class Node:
         self.identity = identity
         self.tenants: tuple[TenantConfig, ...] = config.tenants_for(identity.did)
         # A node stores its configured tenants and nothing else (issue #15): a stranger who
-        # proves some DID cannot push another tenant's messages into its store.
-        self.peer = Peer(store, identity, stores={t.did for t in self.tenants if t.did is not None}, tls=self.tls)
+        # proves some DID cannot push another tenant's messages into its store; and of those,
+        # no more than their quotas, nor more than a pusher's budget (p2psync/state/quota.py).
+        self.peer = Peer(store, identity, stores={t.did for t in self.tenants if t.did is not None}, tls=self.tls,
+                         quotas=config.quota_policy(self.tenants))
         self.metrics = NodeMetrics(self.peer.ledger, node_facts=self._facts)
         self.peer.metrics = self.metrics
         self.store_id = self.peer.store_id

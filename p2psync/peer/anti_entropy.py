@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from p2psync.blip.wire import encode_message_head, frame_header
+from p2psync.errors import QuotaExceeded
 from p2psync.peer.repair import (
     Connector,
     RepairingPeer,
@@ -242,7 +243,9 @@ class _AntiEntropy:
             try:
                 reply, _, _ = await self.session.run(self.session.proto.reconcile(body))
             except PeerError as exc:
-                if exc.code != 403:
+                # The peer takes no pushes (403), or no more of the tenant (its quota, issue
+                # #15): what is left is reported unmoved, as the peer said why.
+                if exc.code != 403 and not isinstance(exc, QuotaExceeded):
                     raise
                 self.summary.pushed[exc.name] = self.summary.pushed.get(exc.name, 0) + len(cids) - start
                 return

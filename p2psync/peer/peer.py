@@ -30,7 +30,7 @@ from p2psync.blip.tls import TlsCertificate, channel_binding
 from p2psync.dwn.did import Identity
 from p2psync.dwn.engine import Dwn
 from p2psync.dwn.store import Store
-from p2psync.errors import error_name, is_retryable
+from p2psync.errors import error_name, is_retryable, retry_after
 from p2psync.peer.anti_entropy import ReconcileSummary, reconcile_with
 from p2psync.peer.repair import RepairProgress, RepairSummary, WantedMessage, fetch_messages
 from p2psync.peer.session import PeerSession
@@ -45,6 +45,7 @@ from p2psync.state.authz import ReadAuthorizer
 from p2psync.state.committer import GroupCommitter
 from p2psync.state.copies import CheckpointCopies, store_id
 from p2psync.state.ledger import Direction, Ledger, LinkKey, retry_delay
+from p2psync.state.quota import QuotaPolicy, Quotas
 from p2psync.state.service import StoreService
 
 __all__ = [
@@ -60,6 +61,10 @@ AGENT = "p2psync/0.1.0"
 CHECKPOINT_INTERVAL: Final = 2.0
 #: Attempts of a one-shot sync when the connection drops mid-way (the first included).
 ONE_SHOT_ATTEMPTS: Final = 3
+#: The longest ``retryAfter`` a one-shot sync waits out before its next attempt; past it (a
+#: spent push budget renews within the hour) it reports the refusal: someone is waiting at a
+#: terminal. Ours.
+ONE_SHOT_MAX_WAIT: Final = 30.0
 #: Connections a peer serves at once, and of them how many may not have proved their DID yet
 #: (issue #15): a stranger opening connections and never saying hello holds at most 32 slots,
 #: each for the hello deadline (10 s), and proven peers still get in. Ours; a LAN node rarely
@@ -84,6 +89,10 @@ class Peer:
     413, counted as ``DataTooLarge`` in the sync's results and logged, and never fetched.
     ``tls``: serve ``wss://`` with this certificate (None: plain ``ws://``). Either way, each
     connection's ``hello`` proofs sign its TLS channel (the server certificate's hash).
+    ``quotas``: what the store takes through replication, per tenant and per pushing peer
+    (:class:`~p2psync.state.quota.QuotaPolicy`; None: nothing bounded, as for the CLI's
+    one-shot syncs); past one a push is refused (``507 TenantQuotaExceeded``, ``429
+    PeerQuotaExceeded``) and a pull of ours stops with the same refusal.
     """
 
     def __init__(
@@ -96,6 +105,7 @@ class Peer:
         authorizer: Any = None,
         max_unanswered_revs: int | None = None,
         max_data: int | None = None,
+        quotas: QuotaPolicy | None = None,
         rng: random.Random | None = None,
         tls: TlsCertificate | None = None,
     ) -> None:
@@ -111,8 +121,9 @@ class Peer:
         #: the tenants this peer stores (None: any); pushes for others are refused (403)
         self.stores = None if stores is None else frozenset(stores)
         self.authorizer = authorizer if authorizer is not None else ReadAuthorizer(store)
+        self.quotas = None if quotas is None else Quotas(store, quotas)
         self.service = StoreService(store, dwn=self.dwn, ledger=self.ledger, copies=self.copies,
-                                    committer=self.committer, authorizer=self.authorizer)
+                                    committer=self.committer, authorizer=self.authorizer, quotas=self.quotas)
         self.max_unanswered_revs = max_unanswered_revs
         self.max_data = max_data
         self._rng = rng or random.Random()
@@ -252,11 +263,17 @@ class Peer:
                 if round_.key is not None:
                     self.ledger.record_failure(round_.key, error_name(exc))
                 stopping = stop is not None and stop.is_set()
-                if not retryable or (not continuous and attempt >= ONE_SHOT_ATTEMPTS) or stopping:
+                # A refusal that says when to come back (a spent push budget: up to its window)
+                # is waited out by a continuous sync; a one-shot one reports a long one instead.
+                after = retry_after(exc)
+                too_long = after is not None and after > ONE_SHOT_MAX_WAIT
+                if not retryable or (not continuous and (attempt >= ONE_SHOT_ATTEMPTS or too_long)) or stopping:
                     raise
                 failures = self.ledger.link(round_.key).failure_count if round_.key is not None else attempt
                 delay = retry_delay(failures).total_seconds()
                 delay = delay * (0.5 + self._rng.random() / 2)  # equal jitter: never a synchronized herd
+                if after is not None:
+                    delay = max(delay, float(after))
                 label = round_.remote or (target if isinstance(target, str) else "the peer")  # not a function's repr
                 log.info("sync with %s: %s; retrying in %.1f s", label, exc, delay)
                 if self._retry_requests == requests:

@@ -61,6 +61,7 @@ __all__ = [
     "OperationFinished",
     "Output",
     "PageRow",
+    "QuotaFit",
     "ReadCopy",
     "ReadDecision",
     "ReadOffered",
@@ -307,11 +308,27 @@ class HeldMessages(StoreRequest):
 @dataclass(frozen=True, slots=True)
 class Apply(StoreRequest):
     """Apply one replicated message inside the open group commit; answers ``(result,
-    ticket)`` — pass the ticket to :class:`Durable`. ``origin``: the store it came from."""
+    ticket)`` — pass the ticket to :class:`Durable`. ``origin``: the store it came from.
+    ``payer``: the DID whose push budget what it stores is charged to (None: nobody; this
+    peer pulled it, or the pusher may read the tenant). Raises
+    :class:`~p2psync.errors.QuotaExceeded`, with nothing written, when it would take the
+    tenant past its quota or the payer past its budget (issue #15)."""
 
     tenant: str
     entry: Any
     origin: str | None
+    payer: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaFit(StoreRequest):
+    """How many of a listing's items (their data sizes, in order; None: no data) the store's
+    quotas take for ``tenant`` (charged to ``payer``, as for :class:`Apply`): ``(count,
+    refusal)``, the refusal (a :class:`~p2psync.errors.QuotaExceeded`) None when all fit."""
+
+    tenant: str
+    payer: str | None
+    sizes: tuple[int | None, ...]
 
 
 @dataclass(frozen=True, slots=True)

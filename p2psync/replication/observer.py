@@ -39,6 +39,12 @@ class SyncObserver(Protocol):
         this peer does not store was refused (``403 PushRefused``)."""
         ...
 
+    def quota_refused(self, kind: str, tenant: str) -> None:
+        """A quota of this store refused something of ``tenant`` (issue #15): a request, a
+        `rev`, or the rest of a listing; ``kind`` is ``tenant`` (``507 TenantQuotaExceeded``)
+        or ``peer`` (``429 PeerQuotaExceeded``)."""
+        ...
+
     def gap_repaired(self, reason: str, fetched: int, taken: int) -> None:
         """A round reconciled instead of replaying (``reason``: ``progress_gap``,
         ``never_linked``, ``checkpoint_mismatch``), fetching ``fetched`` messages and handing
@@ -59,6 +65,9 @@ class NoObserver:
         return None
 
     def push_refused(self, tenant: str, remote: str) -> None:
+        return None
+
+    def quota_refused(self, kind: str, tenant: str) -> None:
         return None
 
     def gap_repaired(self, reason: str, fetched: int, taken: int) -> None:

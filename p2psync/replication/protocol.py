@@ -32,7 +32,7 @@ from p2psync.dwn.did import Identity
 from p2psync.dwn.errors import DwnError
 from p2psync.dwn.progress import ProgressToken
 from p2psync.dwn.replication_types import DependencyRef, InitialWrite, ReplicationWireError, ref_from_json
-from p2psync.errors import HandshakeFailed, LocalMisuse
+from p2psync.errors import HandshakeFailed, LocalMisuse, QuotaExceeded
 from p2psync.replication.closure import ReplicationEntry
 from p2psync.replication.effects import (
     YIELD,
@@ -51,6 +51,7 @@ from p2psync.replication.effects import (
     Operation,
     OperationFinished,
     Output,
+    QuotaFit,
     ReadCopy,
     ReadDecision,
     ReadOffered,
@@ -424,13 +425,6 @@ class ReplicationProtocol:
         for error in sorted(errors, key=lambda e: isinstance(e, ConnectionLost)):
             raise error
 
-    def until_closed_or(self, stopped: Callable[[], bool]) -> Effects:
-        """Until the connection ends (then ``503 ConnectionLost``) or ``stopped()``."""
-        while not self.closed and not stopped():
-            yield self._changed
-        if self.closed:
-            raise ConnectionLost(self.close_reason or "closed")
-
     def set_checkpoint(self, index: int, pair: dict[str, Any], rev: str | None) -> Effects:
         """``setCheckpoint``; returns the new rev (a stale one is ``409 CheckpointRevConflict``)."""
         props = {"collection": str(index)}
@@ -776,12 +770,20 @@ class ReplicationProtocol:
             log.warning("refused a push from %s: this node does not store tenant %s", self.remote_did, tenant[:80])
             refuse(403, "PushRefused", "this node does not store that tenant")
 
+    def _payer(self, coll: Collection) -> Effects:
+        """Whose push budget a push into ``coll`` is charged to (issue #15): the pusher's,
+        unless it may read the tenant — the tenant's own devices and the peers it granted sync
+        are bounded by the tenant's quota alone."""
+        decision: ReadDecision = yield from self.decision(coll)
+        return None if decision.allowed else self.remote_did
+
     def _on_propose_changes(self, properties: dict[str, str], body: bytes) -> Effects:
         index, coll = self._collection(properties)
         self._refuse_push_for(coll.tenant)
         sink = self.sinks.get(index)
         if sink is None:
             sink = self.sinks[index] = Sink(self, index, coll.tenant, key=None, max_data=self.max_data)
+        sink.payer = yield from self._payer(coll)
         statuses = yield from sink.on_listing(decode_body(body), pull=False)
         return SendReply(0, {}, encode_body(statuses), urgent=True)
 
@@ -934,6 +936,8 @@ class ReplicationProtocol:
             # The ids of a set say which messages exist; only a reader of all of them may ask.
             refuse(403, "ReconcileNotAuthorized", "set reconciliation is for readers of the whole scope")
         if "f" in request:
+            # A take comes only from a reader of the whole scope (above): it is charged to
+            # nobody's push budget, and bounded by the tenant's quota (in _fetch_named).
             self._refuse_push_for(coll.tenant)
             counts = yield from self._take_from_peer(index, request["f"])
             return SendReply(0, {}, encode_body({"k": counts}))
@@ -954,20 +958,34 @@ class ReplicationProtocol:
         our closure loop, durable commits) through a repair sink (no tokens). Counts by result
         kind; ``NotFound`` for a CID the peer did not answer with."""
         sink = self.sinks.get(index)
-        if sink is None or sink.key is not None:
+        if sink is None or sink.key is not None or sink.failed is not None:
             sink = self.repair_sink(index)
         if stats is not None:
             sink.stats = stats
         counts: dict[str, int] = {}
+        # The store's quotas first (issue #15): what does not fit is not fetched at all, and a
+        # request of which nothing fits is refused.
+        fits, refusal = yield QuotaFit(sink.tenant, sink.payer, (None,) * len(cids))
+        if refusal is not None:
+            sink.quota_refused(refusal, len(cids) - fits)
+            if fits == 0:
+                raise refusal
+            counts[refusal.name] = len(cids) - fits
+            cids = cids[:fits]
         for start in range(0, len(cids), MAX_REFS):
             chunk = cids[start : start + MAX_REFS]
+            if isinstance(sink.failed, QuotaExceeded):  # an apply did not fit: fetch no more
+                counts[sink.failed.name] = counts.get(sink.failed.name, 0) + len(chunk)
+                continue
             refs: list[DependencyRef] = [InitialWrite(record_id=c, message_cid=c) for c in chunk]
             answers = yield from self._get_dependencies(index, refs)
             for cid, found in zip(chunk, answers, strict=True):
                 entries = found.get("entries") if isinstance(found, dict) else None
                 match = [e for e in entries or [] if isinstance(e, dict) and isinstance(e.get("message"), dict)
                          and ReplicationEntry(e["message"]).cid == cid]
-                if not match:
+                if isinstance(sink.failed, QuotaExceeded):
+                    kind = sink.failed.name
+                elif not match:
                     kind = "Withheld" if isinstance(found, dict) and found.get("withheld") is True else "NotFound"
                 else:
                     try:

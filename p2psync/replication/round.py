@@ -85,8 +85,6 @@ class RoundHost(Protocol):
 
     def set_checkpoint(self, index: int, pair: dict[str, Any], rev: str | None) -> Effects: ...
 
-    def until_closed_or(self, stopped: Callable[[], bool]) -> Effects: ...
-
     def stop_feeds(self, error: PeerError) -> None: ...
 
     def pull(
@@ -251,7 +249,13 @@ class SyncRound:
                 if (yield from self._settled()):
                     yield Transition(self.key, LinkState.LIVE, "caught_up", only_from=CAUGHT_UP_FROM)
                 yield RecordSuccess(self.key)  # healthy again: the next backoff starts short
-                yield from self.proto.until_closed_or(lambda: self.stopped)
+                # Live until stopped, or until the feed fails: the connection ended, a ledger
+                # step overflowed, or a quota of our store stopped taking it (issue #15).
+                # Each of those fails the sink.
+                while not self.stopped and sink.failed is None:
+                    yield sink.changed
+                if not self.stopped and sink.failed is not None:
+                    raise sink.failed
             return
 
     def _reconcile_instead(self, reason: str, *, push: bool) -> Effects:

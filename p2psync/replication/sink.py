@@ -8,6 +8,12 @@ connection only decides who keeps the tokens. A pull sink (the active peer) hand
 settled tokens to the ledger in the same commit as the applies they describe; a push sink
 (the passive peer) keeps none (§7: the pusher owns its push checkpoint).
 
+The store's quotas (issue #15) bound what a sink takes: a listing is taken only as far as its
+items fit (the rest answered with the refusal's status, ``507`` or ``429``, and never taken
+into the window, so no checkpoint passes them), a message that does not fit exactly is
+refused before it is applied, and once either happened the sink takes nothing more: it fails
+with the refusal as soon as what it already took is answered.
+
 Sans-I/O: every method that needs the store or the other peer is a generator of effects
 (:mod:`p2psync.replication.effects`), run by :class:`~p2psync.replication.protocol.ReplicationProtocol`.
 Replies to `rev` wait for the group commit that holds the apply (§8.2 step 4).
@@ -23,6 +29,7 @@ from p2psync.dwn.datacid import data_cid
 from p2psync.dwn.errors import DwnError
 from p2psync.dwn.progress import ProgressToken
 from p2psync.dwn.replication_types import Deferred, DependencyRef, ReplicationApplyResult
+from p2psync.errors import QuotaExceeded
 from p2psync.replication.checkpoint import LinkState
 from p2psync.replication.closure import (
     ApplyRequest,
@@ -36,6 +43,7 @@ from p2psync.replication.effects import (
     Call,
     Durable,
     HeldMessages,
+    QuotaFit,
     RecordSteps,
     Response,
     Signal,
@@ -133,10 +141,19 @@ class Sink:
         #: called on every change too (progress reports, the stall watchdog)
         self.on_progress: Callable[[], None] | None = None
         self._prefetch_room = PREFETCH_BYTES
+        #: the DID charged for what this sink stores (a push by a peer that may not read the
+        #: tenant); None: nobody (we pulled it, or the pusher may read the tenant)
+        self.payer: str | None = None
+        #: a quota refused something: nothing more is taken, and the sink fails with this
+        #: once what it already took is answered
+        self.full: QuotaExceeded | None = None
 
     # -- plumbing ---------------------------------------------------------------------------
 
     def _notify(self) -> None:
+        if self.full is not None and self.failed is None and self.window.first_open() is None:
+            self.fail(self.full)  # what it took is answered; it takes nothing more
+            return
         self.changed.fire()
         # Wake only the `rev` whose turn it now is: hundreds may be waiting (§12's 1,000).
         first = self.window.first_open()
@@ -184,8 +201,17 @@ class Sink:
         if self.failed is not None:
             raise self.failed
 
-    def _count(self, kind: str) -> None:
-        self.stats.results[kind] = self.stats.results.get(kind, 0) + 1
+    def _count(self, kind: str, n: int = 1) -> None:
+        self.stats.results[kind] = self.stats.results.get(kind, 0) + n
+
+    def quota_refused(self, refusal: QuotaExceeded, messages: int) -> None:
+        """A quota refused ``messages`` messages (0: a request that named none): counted in the
+        results under the refusal's name and by the observer; the sink takes nothing more."""
+        if messages:
+            self._count(refusal.name, messages)
+        self.host.observer.quota_refused(refusal.kind, self.tenant)
+        if self.full is None:
+            self.full = refusal
 
     # -- data -------------------------------------------------------------------------------
 
@@ -269,7 +295,13 @@ class Sink:
         while not isinstance(request, ClosureOutcome):
             if isinstance(request, ApplyRequest):
                 try:
-                    result, ticket = yield Apply(self.tenant, request.entry, origin)
+                    result, ticket = yield Apply(self.tenant, request.entry, origin, self.payer)
+                except QuotaExceeded as exc:
+                    # Nothing of it was written. Nothing more is taken: the `rev`s after it
+                    # fail at their turn and stay unrecorded, so no checkpoint passes it.
+                    self.quota_refused(exc, 1)
+                    self.fail(exc)
+                    raise
                 except Exception as exc:  # the store failed: not the message's fault
                     request = admitter.apply_failed(f"{type(exc).__name__}: {exc}")
                     continue
@@ -294,30 +326,37 @@ class Sink:
     def on_listing(self, body: Any, *, pull: bool) -> Effects:
         """Check one Changes body, take its items into the window, and return the statuses.
         A failed sink (its peer is stopping) refuses listings too: nothing may move the
-        ledger after the final save."""
+        ledger after the final save. Items are taken only as far as they fit the store's
+        quotas: from the first that does not, every item is answered with the refusal's
+        status and left out of the window (a listing of which no new item fits is refused)."""
         if self.failed is not None:
             raise self.failed
         listed, through = self._parse_listing(body, pull=pull)
+        if self.full is not None:
+            self.quota_refused(self.full, len(listed))
+            raise self.full
         held: set[str] = set()
         if listed:
             held = yield HeldMessages(self.tenant, tuple(t.message_cid for t, _ in listed))
         statuses: list[int] = []
         for token, size in listed:
             if token.message_cid in held:
-                status = 304
+                statuses.append(304)
             elif size is not None and size > self.max_data:
-                status = 413  # settled, and a link error (§6.2): counted, logged, never fetched
+                statuses.append(413)
+            else:
+                statuses.append(0)
+        taken = yield from self._fit(listed, statuses)
+        for (token, size), status in zip(listed[:taken], statuses[:taken], strict=True):
+            if status == 413:  # settled, and a link error (§6.2): counted, logged, never fetched
                 self._count("DataTooLarge")
                 log.warning("collection %d: %s has %d bytes of data, above this peer's limit of %d; skipped",
                             self.index, token.message_cid, size, self.max_data)
-            else:
-                status = 0
-            statuses.append(status)
             self.window.add(token, settled=None if status == 0 else True)
         self.stats.items_offered += len(listed)
-        self.stats.items_skipped += len(statuses) - statuses.count(0)
+        self.stats.items_skipped += sum(1 for status in statuses[:taken] if status)
         last = self.window.last
-        if through is not None and (last is None or through.position > last.position):
+        if taken == len(listed) and through is not None and (last is None or through.position > last.position):
             self.window.add(through, settled=True)
         if pull and not listed:
             self.caught_up = True
@@ -326,6 +365,27 @@ class Sink:
         while statuses and statuses[-1] == 0:
             statuses.pop()  # trailing zeros are implied (§6.2)
         return statuses
+
+    def _fit(self, listed: list[tuple[ProgressToken, int | None]], statuses: list[int]) -> Effects:
+        """How many of ``listed`` to take (the wanted ones fit the quotas up to the first that
+        does not); the statuses from there on become the refusal's code. Raises the refusal
+        when no wanted item fits."""
+        wanted = [i for i, status in enumerate(statuses) if status == 0]
+        if not wanted:
+            return len(listed)
+        fits, refusal = yield QuotaFit(self.tenant, self.payer, tuple(listed[i][1] for i in wanted))
+        if refusal is None:
+            return len(listed)
+        if fits == 0:
+            # Nothing new fits: refuse the request, which says why (and, for a spent budget,
+            # when to come back); what it listed that is held here is answered next time.
+            self.quota_refused(refusal, len(wanted))
+            self._notify()
+            raise refusal
+        taken = wanted[fits]
+        self.quota_refused(refusal, len(wanted) - fits)
+        statuses[taken:] = [refusal.code] * (len(listed) - taken)
+        return taken
 
     def _parse_listing(
         self, body: Any, *, pull: bool

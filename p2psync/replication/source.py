@@ -5,7 +5,10 @@ A :class:`Source` lists the tenant's log after a token — in scope, ascending �
 puller's `subChanges`; a push (we are active) lists with `proposeChanges`, and then keeps the
 push checkpoint from the sink's answers: statuses `304`/`413` and settling `rev` results mark
 tokens applied, anything else leaves them unapplied (§11). Entries out of scope are passed
-over: a pull feed covers them with `through`, a push settles them at once.
+over: a pull feed covers them with `through`, a push settles them at once. A push the sink's
+quota holds back (statuses `507`/`429`, §6.2) ends: those tokens are never recorded, so the
+checkpoint stays before them, and the direction fails with the quota's refusal once the
+`rev`s already sent are answered.
 
 Flow control (§12): one listing in flight per feed, at most 1,000 unanswered `rev`s and
 64 MiB of unanswered `rev` bodies per connection and direction, enforced before each send.
@@ -21,6 +24,7 @@ from collections.abc import Callable, Generator
 from typing import Any, Final, Protocol
 
 from p2psync.dwn.progress import ProgressToken
+from p2psync.errors import QuotaExceeded
 from p2psync.replication.closure import ReplicationEntry
 from p2psync.replication.effects import (
     Call,
@@ -46,6 +50,8 @@ log = logging.getLogger("p2psync.peer")
 
 #: §12: bytes of unanswered `rev` bodies per connection and direction.
 MAX_UNANSWERED_REV_BYTES: Final = 64 * 1024 * 1024
+#: Listing statuses of a sink's quota (§6.2): the item and every one after it were not taken.
+QUOTA_STATUSES: Final = {code: name for code, name in (QuotaExceeded.TENANT, QuotaExceeded.PEER)}
 
 Effects = Generator[Any, Any, Any]
 #: One listed message: its token, the entry (None: it left the log), its data size, and
@@ -195,6 +201,8 @@ class Source:
             yield WaitForLog()
         yield from self._budget.drained()
         yield from self._record_push()
+        if isinstance(self.failure, QuotaExceeded):
+            raise self.failure  # a `rev` the sink's quota refused: not done, whatever came after
 
     @property
     def _profile(self) -> str:
@@ -223,6 +231,12 @@ class Source:
         reply: Response = yield Call(self._profile, self.props, encode_body(body))
         self.stats.items_offered += len(items)
         yield from self._send_revs(self._on_listed(wanted, decode_body(reply.body)))
+        if isinstance(self.failure, QuotaExceeded):
+            # The sink took part of the listing: let the `rev`s it asked for be answered (and
+            # recorded) before the direction ends with its quota's refusal.
+            yield from self._budget.drained()
+            yield from self._record_push()
+            raise self.failure
 
     def _tell_caught_up(self, *, first: bool) -> Effects:
         """A pull feed says it is caught up once (an empty listing with ``through``), then
@@ -260,11 +274,19 @@ class Source:
     def _on_listed(self, wanted: list[Any], statuses: Any) -> list[Any]:
         statuses = statuses if isinstance(statuses, list) else []
         wanted_revs: list[Any] = []
+        held_back = 0
         for i, listed in enumerate(wanted):
             token = listed[0]
             status = statuses[i] if i < len(statuses) else 0
             if status == 0:
                 wanted_revs.append(listed)
+                continue
+            if status in QUOTA_STATUSES and self.pushing:
+                # Held back by the sink's quota: left open in the window, so neither it nor
+                # anything after it is recorded, and offered again in a later round.
+                name = QUOTA_STATUSES[status]
+                self.stats.results[name] = self.stats.results.get(name, 0) + 1
+                held_back += 1
                 continue
             self.stats.items_skipped += 1
             if self.window is not None:
@@ -272,6 +294,10 @@ class Source:
                 if item is not None:
                     # 304 and 413 settle; 503 and anything else are offered again later.
                     ProgressWindow.finish(item, settled=status in (304, 413))
+        if held_back and self.failure is None:
+            code = next(status for status in statuses if status in QUOTA_STATUSES)
+            self.failure = QuotaExceeded(code, QUOTA_STATUSES[code],
+                                         f"the peer's quota held back {held_back} of {len(wanted)} messages listed")
         self._record_push_later()
         self._progress()
         return wanted_revs
@@ -319,6 +345,8 @@ class Source:
         except PeerError as exc:
             log.info("rev %s of collection %d: %s", token.position, self.index, exc)
             self.stats.results[exc.name] = self.stats.results.get(exc.name, 0) + 1
+            if isinstance(exc, QuotaExceeded) and self.failure is None:
+                self.failure = exc  # the sink takes nothing more: end the direction with it
         finally:
             self._budget.give(len(body) if body is not None else 0)
             if self.window is not None:

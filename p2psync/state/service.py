@@ -5,7 +5,9 @@ typed :class:`~p2psync.replication.effects.StoreRequest` values; a :class:`Store
 answers them with the engine, the ledger, the checkpoint copies, the origins, the local
 fetcher and the read authorizer of one store, all writes going through its
 :class:`~p2psync.state.committer.GroupCommitter`. The store's own failures are mapped here to
-the profiles' refusals (§13), so the protocol only ever sees a :class:`PeerError`.
+the profiles' refusals (§13), so the protocol only ever sees a :class:`PeerError`. The
+store's quotas (:class:`~p2psync.state.quota.Quotas`, issue #15) are enforced here too: an
+apply that would pass one is refused before anything of it is written.
 
 Most requests are synchronous (:meth:`StoreService.run`). The ``durable`` ones wait for a
 commit: the trio driver awaits the group commit itself (:meth:`writer` gives it the write), and
@@ -20,12 +22,13 @@ from typing import Any
 
 import apsw
 
+from p2psync.dwn.encoding import message_cid
 from p2psync.dwn.engine import Dwn
 from p2psync.dwn.errors import DwnError
 from p2psync.dwn.progress import ProgressToken
 from p2psync.dwn.replication_types import ReplicationApplyResult
 from p2psync.dwn.store import Store
-from p2psync.errors import CheckpointRevConflict, LocalMisuse
+from p2psync.errors import CheckpointRevConflict, LocalMisuse, QuotaExceeded
 from p2psync.replication import effects as fx
 from p2psync.replication.checkpoint import CheckpointPendingOverflow
 from p2psync.replication.wire import PeerError
@@ -35,6 +38,7 @@ from p2psync.state.copies import CheckpointCopies, Origins
 from p2psync.state.ledger import Ledger
 from p2psync.state.local import LocalStoreFetcher
 from p2psync.state.log import check_token, replay_bounds
+from p2psync.state.quota import Quotas
 from p2psync.state.sketches import SetSketches
 
 __all__ = ["StoreService"]
@@ -52,8 +56,11 @@ class StoreService:
         copies: CheckpointCopies,
         committer: GroupCommitter,
         authorizer: Any = None,
+        quotas: Quotas | None = None,
     ) -> None:
         self.store = store
+        #: the store's quotas (None: nothing bounded)
+        self.quotas = quotas
         self.dwn = dwn
         self.ledger = ledger
         self.copies = copies
@@ -80,6 +87,7 @@ class StoreService:
             fx.LocalCids: lambda r: self.sketches.cids_of(r.tenant, r.scope, r.coder, r.ids),
             fx.ReadOffered: self._read_offered,
             fx.HeldMessages: self._held,
+            fx.QuotaFit: self._quota_fit,
             fx.Apply: self._apply,
             fx.RecordSteps: self._record_steps,
             fx.FlushCommits: self._flush,
@@ -142,8 +150,21 @@ class StoreService:
         if isinstance(request, fx.WriteCopy):
             return lambda: self._write_copy(request)
         if isinstance(request, fx.ApplyGrant):
-            return lambda: self.dwn.apply_replicated_message(request.tenant, request.message, request.data)
+            return self._grant_writer(request)
         raise LocalMisuse(f"not a durable write: {request!r}")
+
+    def _grant_writer(self, request: fx.ApplyGrant) -> Callable[[], Any]:
+        """A grant brought in ``getCollections`` is a write like any other: one that does not fit
+        the tenant's quota is not applied (nobody's push budget is charged: it is the tenant's
+        own message, and the collection is refused or served whatever becomes of it)."""
+        tenant, message, data = request.tenant, request.message, request.data
+        quotas = self.quotas
+        if quotas is not None and quotas.watching(tenant, None):
+            try:
+                quotas.check(tenant, None, quotas.cost(tenant, message, str(message_cid(message)), data))
+            except QuotaExceeded:
+                return lambda: None
+        return lambda: self.dwn.apply_replicated_message(tenant, message, data)
 
     def _write_copy(self, request: fx.WriteCopy) -> str:
         try:
@@ -263,13 +284,25 @@ class StoreService:
         has = self.store.messages.has
         return {cid for cid in request.cids if has(request.tenant, cid)}
 
+    def _quota_fit(self, request: fx.QuotaFit) -> tuple[int, QuotaExceeded | None]:
+        if self.quotas is None:
+            return len(request.sizes), None
+        return self.quotas.fit(request.tenant, request.payer, request.sizes)
+
     def _apply(self, request: fx.Apply) -> tuple[ReplicationApplyResult, Any]:
-        entry, tenant, origin = request.entry, request.tenant, request.origin
+        entry, tenant, origin, payer = request.entry, request.tenant, request.origin, request.payer
+        quotas = self.quotas if self.quotas is not None and self.quotas.watching(tenant, payer) else None
+        if quotas is not None:
+            # Before the group commit opens: a refused message writes nothing, not even a batch.
+            quotas.check(tenant, payer, quotas.cost(tenant, entry.message, entry.cid, entry.data))
 
         def apply_and_note_origin() -> ReplicationApplyResult:
+            before = quotas.usage(tenant) if quotas is not None else None
             result = self.dwn.apply_replicated_message(tenant, entry.message, entry.data, cid=entry.cid)
             if result.kind == "Applied" and origin is not None:
                 self.origins.record(tenant, entry.cid, origin)
+            if quotas is not None and before is not None:
+                quotas.admitted(tenant, payer, before)  # charged in the apply's own transaction
             return result
 
         return self.committer.run(apply_and_note_origin)

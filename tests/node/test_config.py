@@ -11,6 +11,7 @@ from p2psync.node.config import (
     DEFAULT_HOST,
     DEFAULT_PORT,
     ENV_VARS,
+    INHERIT,
     ConfigError,
     NodeConfig,
     StaticPeer,
@@ -18,6 +19,7 @@ from p2psync.node.config import (
     load_config,
 )
 from p2psync.replication.scope import SyncScope
+from p2psync.state.quota import UNLIMITED, Limit, QuotaPolicy
 
 ROOT = Path(__file__).resolve().parents[2]
 DID_A = "did:key:z6MkexampleA"
@@ -40,6 +42,10 @@ def test_defaults_are_todays_serve() -> None:
     assert config.anti_entropy_jitter == pytest.approx(1 / 3) and config.anti_entropy_max_interval == 600
     [tenant] = config.tenants_for(DID_A)
     assert tenant == TenantConfig(DID_A, "both", (SyncScope.global_scope(),))
+    # Tenants unbounded (the node stores only those its operator named); strangers' pushes
+    # 10,000 messages and 256 MiB an hour each.
+    assert config.quota_policy((tenant,)) == QuotaPolicy(
+        tenant=UNLIMITED, tenants={}, peer=Limit(10_000, 256 * 2**20), window=3600)
 
 
 def test_the_documented_example_parses() -> None:
@@ -55,6 +61,9 @@ def test_the_documented_example_parses() -> None:
     assert config.tls_enabled and not config.insecure  # 0.0.0.0 is not loopback
     assert config.anti_entropy and (config.anti_entropy_interval, config.anti_entropy_max_interval) == (45, 600)
     assert config.anti_entropy_jitter == 0.33
+    policy = config.quota_policy(config.tenants_for(DID_A))
+    assert policy.tenant == UNLIMITED and policy.peer == Limit(10_000, 256 * 2**20) and policy.window == 3600
+    assert policy.tenants == {"did:key:z6MkhaXgBZDvotDkL5257faiztiGiC2QtKLGpbnnEGta2doK": Limit(100_000, 2 * 2**30)}
 
 
 def test_precedence_flags_over_environment_over_file(tmp_path: Path) -> None:
@@ -133,6 +142,19 @@ def test_config_file_from_the_environment(tmp_path: Path) -> None:
         ("[anti_entropy]\nmax_interval = inf\n", "node.toml: anti_entropy.max_interval: must be a number, not inf"),
         ("[anti_entropy]\nenabled = 'no'\n", "node.toml: anti_entropy.enabled: must be true or false (without"),
         ("anti_entropy = 45\n", "node.toml: anti_entropy: must be a table"),
+        ("[quota]\ntenant_msgs = 5\n", "node.toml: quota.tenant_msgs: unknown key"),
+        ("[quota]\ntenant_messages = -1\n", "node.toml: quota.tenant_messages: must be a whole number of messages"),
+        ("[quota]\ntenant_messages = 2.5\n", "node.toml: quota.tenant_messages: must be a whole number of messages"),
+        ("[quota]\ntenant_messages = '1000'\n",
+         "node.toml: quota.tenant_messages: must be an integer (without quotes) or \"unlimited\""),
+        ("[quota]\ntenant_messages = 'lots'\n", "node.toml: quota.tenant_messages: must be an integer"),
+        ("[quota]\ntenant_bytes = '10 parsecs'\n", "node.toml: quota.tenant_bytes: must be a size in bytes"),
+        ("[quota]\npeer_bytes = -5\n", "node.toml: quota.peer_bytes: must be a size in bytes"),
+        ("[quota]\npeer_bytes = true\n", "node.toml: quota.peer_bytes: must be a size in bytes"),
+        ("[quota]\npeer_window = 0\n", "node.toml: quota.peer_window: must be at least 1 second"),
+        ("[quota]\npeer_window = '1h'\n", "node.toml: quota.peer_window: must be a number (without quotes)"),
+        ("[[tenant]]\nquota_messages = -3\n", "node.toml: tenant[0].quota_messages: must be a whole number"),
+        ("[[tenant]]\nquota_bytes = '5 lightyears'\n", "node.toml: tenant[0].quota_bytes: must be a size in bytes"),
         ("[listen\n", "node.toml: not valid TOML"),
     ],
 )
@@ -182,6 +204,9 @@ def test_tls_is_on_beyond_loopback_by_default(tmp_path: Path) -> None:
         ({"P2PSYNC_ANTI_ENTROPY": "sometimes"}, "environment: P2PSYNC_ANTI_ENTROPY: must be true or false"),
         ({"P2PSYNC_ANTI_ENTROPY_INTERVAL": "often"}, "environment: P2PSYNC_ANTI_ENTROPY_INTERVAL: must be a number"),
         ({"P2PSYNC_ANTI_ENTROPY_JITTER": "2"}, "environment: P2PSYNC_ANTI_ENTROPY_JITTER: must be a fraction"),
+        ({"P2PSYNC_QUOTA_TENANT_MESSAGES": "many"}, "environment: P2PSYNC_QUOTA_TENANT_MESSAGES: must be a whole"),
+        ({"P2PSYNC_QUOTA_PEER_BYTES": "1 XB"}, "environment: P2PSYNC_QUOTA_PEER_BYTES: must be a size in bytes"),
+        ({"P2PSYNC_QUOTA_PEER_WINDOW": "soon"}, "environment: P2PSYNC_QUOTA_PEER_WINDOW: must be a number"),
     ],
 )
 def test_environment_errors_name_the_variable(env: dict[str, str], message: str) -> None:
@@ -233,6 +258,40 @@ def test_anti_entropy_settings_by_layer_and_checked_together(tmp_path: Path) -> 
         load_config(path, env={"P2PSYNC_ANTI_ENTROPY_INTERVAL": "120", "P2PSYNC_ANTI_ENTROPY_MAX_INTERVAL": "60"})
 
 
+def test_quota_settings_by_layer_and_per_tenant(tmp_path: Path) -> None:
+    path = write(tmp_path, f"""
+[quota]
+tenant_messages = 1_000
+tenant_bytes = "1.5 GiB"
+peer_messages = "unlimited"
+peer_bytes = 0
+peer_window = 600
+
+[[tenant]]
+
+[[tenant]]
+did = "{DID_B}"
+quota_messages = "unlimited"
+
+[[tenant]]
+did = "did:key:z6MkexampleC"
+quota_bytes = 5000000
+""")
+    config = load_config(path, env={})
+    tenants = config.tenants_for(DID_A)
+    assert tenants[0].quota_messages is INHERIT and tenants[1].quota_bytes is INHERIT
+    policy = config.quota_policy(tenants)
+    assert policy.tenant == Limit(1000, int(1.5 * 2**30))
+    assert policy.tenants == {DID_B: Limit(None, int(1.5 * 2**30)), "did:key:z6MkexampleC": Limit(1000, 5_000_000)}
+    assert policy.for_tenant(DID_A) == policy.tenant  # the node's own: the default
+    assert policy.peer == Limit(None, 0) and policy.window == 600  # strangers may push nothing
+    env = {"P2PSYNC_QUOTA_TENANT_MESSAGES": "unlimited", "P2PSYNC_QUOTA_TENANT_BYTES": "10 GB",
+           "P2PSYNC_QUOTA_PEER_MESSAGES": "50", "P2PSYNC_QUOTA_PEER_BYTES": "64MiB",
+           "P2PSYNC_QUOTA_PEER_WINDOW": "3600"}
+    policy = load_config(path, env=env).quota_policy(tenants)
+    assert policy.tenant == Limit(None, 10**10) and policy.peer == Limit(50, 64 * 2**20) and policy.window == 3600
+
+
 def test_a_node_checks_a_configuration_built_by_hand(tmp_path: Path) -> None:
     from p2psync.node.node import Node
     from tests.peer.support import new_store, seeded
@@ -240,3 +299,10 @@ def test_a_node_checks_a_configuration_built_by_hand(tmp_path: Path) -> None:
     config = NodeConfig(anti_entropy_interval=60, anti_entropy_max_interval=30)
     with pytest.raises(ConfigError, match=r"anti_entropy.max_interval: must be at least"):
         Node(config, new_store(tmp_path, "n"), seeded("config-by-hand"))
+    # and runs its peer with the quotas it sets
+    identity = seeded("config-by-hand")
+    config = NodeConfig(tenants=(TenantConfig(quota_messages=7),), quota_peer_window=60)
+    node = Node(config, new_store(tmp_path, "q"), identity)
+    assert node.peer.quotas is not None
+    assert node.peer.quotas.policy.for_tenant(identity.did) == Limit(7, None)
+    assert node.peer.quotas.policy.window == 60

@@ -42,6 +42,8 @@ def test_hooks_ledger_events_and_exposition(tmp_path: Path) -> None:
     metrics.gap_repaired("progress_gap", 0, 0)
     metrics.gap_repaired("never_linked", 4, 2)  # a first sync reconciled: no ledger transition
     metrics.push_refused("did:key:zStranger", "did:key:zStranger?storeId=x")
+    metrics.quota_refused("peer", TENANT)
+    metrics.quota_refused("peer", TENANT)
     metrics.anti_entropy_checked(CheckResult("equal", round_trips=1, bytes=75))
     metrics.anti_entropy_checked(CheckResult("repaired", local_lacks=2, remote_lacks=1, round_trips=2, bytes=900))
     metrics.anti_entropy_checked(CheckResult("failed", detail="cannot connect"))
@@ -66,6 +68,8 @@ def test_hooks_ledger_events_and_exposition(tmp_path: Path) -> None:
     assert {s["reason"]: v for s, v in samples["sync_gap_repair_messages_total"]} == {
         "progress_gap": 3.0, "never_linked": 6.0}
     assert samples["sync_pushes_refused_total"] == [({}, 1.0)]
+    # both kinds exposed from the start, so a rate has a series before the first refusal
+    assert {s["kind"]: v for s, v in samples["sync_quota_refused_total"]} == {"tenant": 0.0, "peer": 2.0}
     assert {s["outcome"]: v for s, v in samples["sync_antientropy_rounds_total"]} == {
         "equal": 1, "repaired": 1, "unresolved": 0, "failed": 1}
     assert {s["side"]: v for s, v in samples["sync_antientropy_differences_total"]} == {
