@@ -73,11 +73,13 @@ class FrameEncoder:
 class FrameDecoder:
     """Turns frames back into (number, flags, body) for one direction of a connection."""
 
-    __slots__ = ("_crc", "_inflater")
+    __slots__ = ("_crc", "_inflater", "max_inflated")
 
-    def __init__(self) -> None:
+    def __init__(self, max_inflated: int = MAX_INFLATED_FRAME) -> None:
         self._crc = 0
         self._inflater: zlib._Decompress | None = None
+        #: The most a compressed frame may inflate to; beyond it decoding fails (a deflate bomb).
+        self.max_inflated = max_inflated
 
     def decode(self, frame: BytesLike) -> tuple[int, int, bytes, int]:
         """Decode one frame; return ``(number, flags, body, wire size)``.
@@ -108,11 +110,11 @@ class FrameDecoder:
         if inflater is None:
             inflater = self._inflater = zlib.decompressobj(_RAW_DEFLATE_WBITS)
         try:
-            out = inflater.decompress(bytes(data) + DEFLATE_TRAILER, MAX_INFLATED_FRAME)
+            out = inflater.decompress(bytes(data) + DEFLATE_TRAILER, self.max_inflated)
         except zlib.error as exc:
             raise ProtocolError(f"bad deflate data: {exc}") from None
         if inflater.unconsumed_tail:
-            raise ProtocolError(f"compressed frame inflates beyond {MAX_INFLATED_FRAME} bytes")
+            raise ProtocolError(f"compressed frame inflates beyond {self.max_inflated} bytes")
         if inflater.eof:
             raise ProtocolError("compressed frame ends the deflate stream")
         return out

@@ -406,6 +406,16 @@ class BlipConnection:
         return bool(self._outbox or self._acks)
 
     @property
+    def max_inflated_frame(self) -> int:
+        """The most one incoming compressed frame may inflate to; a frame that inflates beyond
+        it is a fatal error (:data:`~p2psync.blip.wire.MAX_INFLATED_FRAME` by default)."""
+        return self._decoder.max_inflated
+
+    @max_inflated_frame.setter
+    def max_inflated_frame(self, size: int) -> None:
+        self._decoder.max_inflated = size
+
+    @property
     def queued_messages(self) -> int:
         """Outgoing messages not yet fully sent (queued, paused or waiting for body data)."""
         return self._unfinished

@@ -39,7 +39,10 @@ from p2psync.blip.wire import (
     ERR,
     ERROR_CODE_PROPERTY,
     ERROR_DOMAIN_PROPERTY,
+    MAX_INFLATED_FRAME,
+    MAX_PROPERTIES_SIZE,
     MAX_UNACKED_BYTES,
+    MAX_VARINT_LEN,
     MSG,
     NO_REPLY,
     PROFILE_PROPERTY,
@@ -53,11 +56,14 @@ log = logging.getLogger("p2psync.blip")
 #: Default largest incoming message assembled in memory; beyond it a request gets BLIP 413
 #: and a reply fails locally. Stream larger bodies (:func:`streaming`).
 MAX_MESSAGE_SIZE = 64 * 1024 * 1024
-#: Bytes of incoming messages being gathered at once on one connection, all messages together.
-#: A peer may start many messages and finish none (BLIP ACKs are advisory to a sender that does
-#: not care): without this, each costs up to MAX_MESSAGE_SIZE. Two large messages' worth; past
-#: it the connection is closed with 1009 (issue #15).
-MAX_ASSEMBLING_BYTES = 2 * MAX_MESSAGE_SIZE
+#: Largest messages' worth of bytes a connection gathers at once, all messages together: a
+#: peer may start many messages and finish none (BLIP ACKs are advisory to a sender that does
+#: not care). Two: an honest peer sends one large message at a time, and before hello a hello
+#: and a getCollections racing it. Past it the connection is closed with 1009 (issue #15).
+ASSEMBLING_MESSAGES = 2
+#: The same in bytes at the default message limit; a connection that takes smaller messages
+#: (until hello: PRE_HELLO_MAX_MESSAGE) gathers ASSEMBLING_MESSAGES of its own limit.
+MAX_ASSEMBLING_BYTES = ASSEMBLING_MESSAGES * MAX_MESSAGE_SIZE
 #: The same across all the connections one server accepts: a few abusive connections, each
 #: under its own cap, must not add up to the out-of-memory killer. Four connections at their
 #: cap; past it the connection that adds more is closed with 1013 (try again later).
@@ -262,6 +268,7 @@ class Connection(Transport):
         self.is_client = is_client
         self._handlers: dict[str, HandlerSpec] = dict(handlers or {})
         self._max_message_size = max_message_size
+        self._core.max_inflated_frame = inflated_frame_limit(max_message_size)
         self._waiters: dict[int, _Waiter] = {}
         self._sent_waiters: dict[int, trio.Event] = {}  # no-reply requests not fully written
         self._assembling: dict[tuple[int, int], _Assembly] = {}
@@ -288,6 +295,7 @@ class Connection(Transport):
         if size < 1:
             raise ValueError("max_message_size must be positive")
         self._max_message_size = size
+        self._core.max_inflated_frame = inflated_frame_limit(size)
 
     @property
     def subprotocol(self) -> str:
@@ -547,11 +555,13 @@ class Connection(Transport):
                 self._streams[(MSG, number)] = body
             request = Request(self, number, event.properties, b"", event.flags, body)
             self._start_handler(spec.handler, request)
-        elif event.complete:
+        elif not event.complete:
+            self._start_assembly((MSG, number), event)
+        elif len(event.body) > self._max_message_size:
+            self._refuse_too_large(event)  # one compressed frame inflated past the limit
+        else:
             request = Request(self, number, event.properties, event.body, event.flags)
             self._start_handler(spec, request)
-        else:
-            self._start_assembly((MSG, number), event)
 
     def _on_reply_start(self, event: MessageStart) -> None:
         number = event.number
@@ -570,10 +580,12 @@ class Connection(Transport):
                 waiter.profile, event.properties, body, number, event.flags
             )
             waiter.done.set()
-        elif event.complete:
-            self._finish_reply(waiter, event, event.body)
-        else:
+        elif not event.complete:
             self._start_assembly((RPY, number), event)
+        elif len(event.body) > self._max_message_size:
+            self._refuse_too_large(event)
+        else:
+            self._finish_reply(waiter, event, event.body)
 
     def _gathered(self, size: int) -> None:
         self._assembling_bytes += size
@@ -581,15 +593,25 @@ class Connection(Transport):
             self._gather_budget.used += size
 
     def _start_assembly(self, key: tuple[int, int], event: MessageStart) -> None:
+        if len(event.body) > self._max_message_size:
+            # One compressed frame can stand for 16 MiB: the limit holds from the first one.
+            self._core.discard_incoming(event.type, event.number)
+            self._refuse_too_large(event)
+            return
         assembly = self._assembling[key] = _Assembly(event)
         self._gathered(assembly.size)
         self._check_assembling()
 
+    @property
+    def _max_assembling(self) -> int:
+        return min(MAX_ASSEMBLING_BYTES, ASSEMBLING_MESSAGES * self._max_message_size)
+
     def _check_assembling(self) -> bool:
         """Close the connection when too much is being gathered (1009 this connection, 1013
         the server as a whole); False then."""
-        if self._assembling_bytes > MAX_ASSEMBLING_BYTES:
-            self._fail_connection(f"more than {MAX_ASSEMBLING_BYTES} bytes of messages being gathered at once",
+        limit = self._max_assembling
+        if self._assembling_bytes > limit:
+            self._fail_connection(f"more than {limit} bytes of messages being gathered at once",
                                   CloseCode.MESSAGE_TOO_BIG)
             return False
         budget = self._gather_budget
@@ -615,12 +637,7 @@ class Connection(Transport):
             self._drop_assembly(key)
             if not event.complete:
                 self._core.discard_incoming(start.type, start.number)
-            reason = f"message larger than {self._max_message_size} bytes"
-            if start.type == MSG:
-                if not start.flags & NO_REPLY:
-                    self._send_error(start.number, BLIP_ERROR_DOMAIN, TOO_LARGE, reason)
-            else:
-                self._fail_waiter(start.number, BlipError(BLIP_ERROR_DOMAIN, TOO_LARGE, reason))
+            self._refuse_too_large(start)
             return
         if not event.complete:
             return
@@ -640,6 +657,16 @@ class Connection(Transport):
             waiter = self._waiters.get(start.number)
             if waiter is not None:
                 self._finish_reply(waiter, start, body)
+
+    def _refuse_too_large(self, start: MessageStart) -> None:
+        """A message over :attr:`max_message_size` (counted after inflating): a request is
+        answered 413, a reply fails its caller with 413."""
+        reason = f"message larger than {self._max_message_size} bytes"
+        if start.type == MSG:
+            if not start.flags & NO_REPLY:
+                self._send_error(start.number, BLIP_ERROR_DOMAIN, TOO_LARGE, reason)
+        else:
+            self._fail_waiter(start.number, BlipError(BLIP_ERROR_DOMAIN, TOO_LARGE, reason))
 
     def _finish_reply(self, waiter: _Waiter, start: MessageStart, body: bytes) -> None:
         self._waiters.pop(start.number, None)
@@ -733,6 +760,14 @@ class Connection(Transport):
         self._assembling.clear()
         self._gathered(-self._assembling_bytes)  # gives the server's budget back too
         self._handler_room.set()
+
+
+def inflated_frame_limit(max_message_size: int) -> int:
+    """The most one compressed frame may inflate to on a connection that takes messages up to
+    ``max_message_size``: no frame of such a message holds more than the message and its
+    properties, so before hello a deflate bomb ends the connection (1002) after inflating
+    ~360 KiB instead of 16 MiB. Never more than :data:`~p2psync.blip.wire.MAX_INFLATED_FRAME`."""
+    return min(MAX_INFLATED_FRAME, max_message_size + MAX_PROPERTIES_SIZE + MAX_VARINT_LEN)
 
 
 def _split_body(body: Body) -> tuple[bytes | bytearray | memoryview, AsyncIterable[bytes] | None]:

@@ -61,6 +61,7 @@ from p2psync.node.links import LinkSpec, NodeLinkKey, plan_links
 from p2psync.node.metrics import NodeMetrics, scope_label, serve_metrics
 from p2psync.peer.endpoint import peer_url, plain_ws_refused
 from p2psync.peer.peer import Peer
+from p2psync.peer.session import PRE_HELLO_MAX_MESSAGE
 from p2psync.replication.wire import APP_ID
 from p2psync.state.committer import StoreUnavailable
 from p2psync.state.ledger import retry_delay
@@ -516,7 +517,8 @@ class Node:
         refused = plain_ws_refused(link.spec.url)
         if refused is not None and not self.config.insecure:
             raise PlainTransportRefused(refused)
-        return blip.connect(link.spec.url, app_id=APP_ID, handlers=handlers, pin=link.spec.pin)
+        return blip.connect(link.spec.url, app_id=APP_ID, handlers=handlers, pin=link.spec.pin,
+                            max_message_size=PRE_HELLO_MAX_MESSAGE)
 
     @asynccontextmanager
     async def _connect(self, link: NodeLink, handlers: dict[str, Any]) -> AsyncIterator[blip.Connection]:

@@ -33,7 +33,7 @@ from p2psync.dwn.store import Store
 from p2psync.errors import error_name, is_retryable, retry_after
 from p2psync.peer.anti_entropy import ReconcileSummary, reconcile_with
 from p2psync.peer.repair import RepairProgress, RepairSummary, WantedMessage, fetch_messages
-from p2psync.peer.session import PeerSession
+from p2psync.peer.session import PRE_HELLO_MAX_MESSAGE, PeerSession
 from p2psync.replication.hello import new_hello
 from p2psync.replication.observer import NO_OBSERVER, SyncObserver
 from p2psync.replication.protocol import ALL_PROFILES, ReplicationProtocol
@@ -205,8 +205,10 @@ class Peer:
         self, host: str, port: int, *, task_status: trio.TaskStatus[blip.BlipServer] = trio.TASK_STATUS_IGNORED
     ) -> None:
         """Serve the passive role until cancelled (``server = await nursery.start(peer.serve, ...)``)."""
+        # Hello-sized limits from the first frame: on_connect (which attaches the session) may
+        # run after the reader has taken the first read.
         await blip.serve(host, port, APP_ID, self.handlers(active=False), on_connect=self._on_connect,
-                         tls=self.tls, task_status=task_status)
+                         tls=self.tls, max_message_size=PRE_HELLO_MAX_MESSAGE, task_status=task_status)
 
     # -- active -----------------------------------------------------------------------------
 
@@ -326,7 +328,7 @@ def dialer(url: str, *, pin: str | None = None) -> Connector:
     the other active calls; ``pin``: the fingerprint the server's TLS certificate must have."""
 
     def connect(handlers: dict[str, Any]) -> AbstractAsyncContextManager[blip.Connection]:
-        return blip.connect(url, app_id=APP_ID, handlers=handlers, pin=pin)
+        return blip.connect(url, app_id=APP_ID, handlers=handlers, pin=pin, max_message_size=PRE_HELLO_MAX_MESSAGE)
 
     return connect
 

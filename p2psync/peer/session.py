@@ -91,7 +91,7 @@ class PeerSession:
         self.service = service
         self.observer = proto.observer
         self.conn: blip.Connection | None = None
-        self._max_message = MAX_MESSAGE_SIZE  # restored once hello has succeeded
+        self._max_message = MAX_MESSAGE_SIZE  # what the connection takes once hello has succeeded
         self._replies: dict[int, list[Any]] = {}  # rid -> [event, output]
         self._durable: dict[Any, list[int]] = {}  # group-commit batch -> refs waiting for it
         self._rids = 0
@@ -125,10 +125,11 @@ class PeerSession:
 
     def attach(self, conn: blip.Connection) -> None:
         """Bind to ``conn`` and arm the hello deadline (§3). Until the other side has proved
-        its DID, the connection takes only hello-sized messages (:data:`PRE_HELLO_MAX_MESSAGE`)."""
+        its DID, the connection takes only hello-sized messages (:data:`PRE_HELLO_MAX_MESSAGE`);
+        a connection should be opened with that limit already (``max_message_size``), as
+        :class:`~p2psync.peer.peer.Peer` does, since frames may arrive before this runs."""
         self.conn = conn
-        self._max_message = conn.max_message_size
-        conn.max_message_size = min(self._max_message, PRE_HELLO_MAX_MESSAGE)
+        conn.max_message_size = min(conn.max_message_size, PRE_HELLO_MAX_MESSAGE)
         conn.start_soon(self._hello_deadline)
 
     # -- commands -------------------------------------------------------------------------------

@@ -8,12 +8,20 @@ from pathlib import Path
 
 import pytest
 import trio
+from websockets.client import ClientProtocol
+from websockets.frames import CloseCode
+from websockets.protocol import State
+from websockets.typing import Subprotocol
+from websockets.uri import parse_uri
 
 import p2psync.peer.peer as peer_module
 from p2psync import blip
+from p2psync.blip.codec import FrameEncoder
+from p2psync.blip.wire import COMPRESSED, MORE_COMING, MSG, encode_message_head, subprotocol_for
 from p2psync.peer.peer import Peer
 from p2psync.peer.session import PRE_HELLO_MAX_MESSAGE
 from p2psync.replication.wire import APP_ID
+from tests.blip.rawpeer import RawPeer
 from tests.peer.support import new_store, seeded, served
 
 ALICE = seeded("pre-hello")
@@ -67,3 +75,20 @@ async def test_connections_that_never_prove_anything_are_capped(
                     break
                 except Exception:  # their slots are freed when the server notices the close
                     await trio.sleep(0.1)
+
+
+async def test_the_limits_hold_from_the_first_frame(tmp_path: Path) -> None:
+    """Frames sent in the same write as the WebSocket handshake are read before the peer's
+    session is attached: the connection is opened with hello-sized limits already, so a
+    frame inflating to 4 MiB there is a deflate bomb (it used to be gathered)."""
+    async with served(Peer(new_store(tmp_path, "a"), ALICE)) as url:
+        port = int(url.rsplit(":", 1)[1].split("/")[0])
+        ws = ClientProtocol(parse_uri(url), subprotocols=[Subprotocol(subprotocol_for(APP_ID))])
+        ws.send_request(ws.connect())
+        opened = ClientProtocol(parse_uri(url), state=State.OPEN)  # frames the same bytes, unasked
+        head = encode_message_head({"Profile": "getCollections"})
+        opened.send_binary(FrameEncoder().encode(1, MSG | MORE_COMING | COMPRESSED, head + bytes(4 << 20)))
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"".join(ws.data_to_send() + opened.data_to_send()))
+        close = await RawPeer(stream, ws).closed_with(5)
+    assert close is not None and close.code == CloseCode.PROTOCOL_ERROR and "inflates beyond" in close.reason
