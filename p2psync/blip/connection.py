@@ -291,6 +291,7 @@ class BlipConnection:
         self._out_requests: dict[int, _Outgoing] = {}
         self._out_replies: dict[int, _Outgoing] = {}
         self._unfinished = 0  # outgoing messages whose last frame has not left
+        self._reply_backlog = 0  # bytes of replies (RPY, ERR) queued and not yet framed
         self._outbox: deque[_Outgoing] = deque()
         # ACKs due, as (ack type, number, count): one per crossing of an ACK_INTERVAL multiple,
         # carrying the count at the crossing frame (what the spec says, and what a strict
@@ -380,6 +381,8 @@ class BlipConnection:
             raise ValueError(f"{TYPE_NAMES.get(mtype, mtype)} #{number} takes no more body")
         if data:
             msg.append(data)
+            if mtype != MSG:
+                self._reply_backlog += len(data)
         if end:
             msg.done = True
         if not msg.queued:
@@ -420,6 +423,12 @@ class BlipConnection:
         """Outgoing messages not yet fully sent (queued, paused or waiting for body data)."""
         return self._unfinished
 
+    @property
+    def queued_reply_bytes(self) -> int:
+        """Bytes of our replies (RPY and ERR, properties and body) queued but not yet framed:
+        what a peer that sends requests and does not read the answers makes us hold."""
+        return self._reply_backlog
+
     def frames_to_send(self, max_bytes: int = 256 * 1024) -> list[bytes]:
         """Produce frames, ACKs first, then one frame per message in outbox order.
 
@@ -454,6 +463,8 @@ class BlipConnection:
             if flags & COMPRESSED:
                 room -= DEFLATE_SLACK
             chunk = msg.take(room) if msg.pending else b""
+            if msg.type != MSG:
+                self._reply_backlog -= len(chunk)
             more = msg.pending > 0 or not msg.done
             if more:
                 flags |= MORE_COMING
@@ -569,6 +580,7 @@ class BlipConnection:
         self._out_requests.clear()
         self._out_replies.clear()
         self._unfinished = 0
+        self._reply_backlog = 0
 
     # ---------------------------------------------------------------- internals
 
@@ -582,6 +594,7 @@ class BlipConnection:
         self.error = reason
         self._outbox.clear()
         self._acks.clear()
+        self._reply_backlog = 0
         raise ProtocolError(reason)
 
     def _add_outgoing(
@@ -599,6 +612,8 @@ class BlipConnection:
         else:
             msg = _Outgoing(mtype, number, flags, head, not more_body)
             msg.append(body)
+        if mtype != MSG:
+            self._reply_backlog += msg.pending
         if more_body:
             msg.tracked = True
             table[number] = msg

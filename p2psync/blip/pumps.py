@@ -71,6 +71,7 @@ class Transport(ClosableTransport):
         self._partial: list[bytes] | None = None  # a fragmented WebSocket message
         self._writing = False  # the writer is inside send_all
         self._last_receive = 0.0
+        self._replies_moved = 0.0  # when reply bytes last went out or none were owed (rpc)
 
     def start_soon(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
         """Run a task for as long as the connection lives (it is cancelled at close).
@@ -107,7 +108,7 @@ class Transport(ClosableTransport):
             task_status.started()
             return  # closed before it ever ran
         self._lifecycle.start()
-        self._last_receive = trio.current_time()
+        self._last_receive = self._replies_moved = trio.current_time()
         try:
             with self._run_scope:
                 async with trio.open_nursery() as nursery:
@@ -159,10 +160,13 @@ class Transport(ClosableTransport):
             while True:
                 finished: list[tuple[int, int]] = []
                 if core.wants_to_send and ws.state is State.OPEN:
+                    owed = core.queued_reply_bytes
                     send_binary = ws.send_binary
                     for frame in core.frames_to_send(WRITE_BATCH):
                         send_binary(frame)
                     finished = core.take_finished()
+                    if core.queued_reply_bytes < owed:
+                        self._replies_moved = trio.current_time()
                 chunks = ws.data_to_send()
                 if chunks:
                     eof = chunks[-1] == b""

@@ -84,8 +84,25 @@ MAX_CONCURRENT_HANDLERS = 1024
 MAX_QUEUED_MESSAGES = 4096
 #: Outgoing messages queued beyond which the peer is taken for broken: it keeps sending us
 #: requests but does not read our replies. The reader never waits for the writer (that can
-#: deadlock two peers that both wait), so this cap is what bounds the memory such a peer costs.
+#: deadlock two peers that both wait), so this cap and the two below are what bound the memory
+#: such a peer costs.
 MAX_QUEUED_MESSAGES_HARD = 4 * MAX_QUEUED_MESSAGES
+#: Bytes of our replies queued for a peer (not yet written) past which it must show that it
+#: reads them: once it has taken none of them for UNREAD_REPLY_TIMEOUT, the connection is
+#: closed with 1008 (issue #15: 17,000 unread requests held 1.6 GiB of replies). An honest peer
+#: reads as we write, so its replies wait only for the link; what it asks at once (rev results
+#: of ~100 bytes, statuses, getDependencies replies with at most 8 MiB of inline data) rarely
+#: reaches this. Ours.
+MAX_QUEUED_REPLY_BYTES = 16 * 1024 * 1024
+#: Seconds a peer past MAX_QUEUED_REPLY_BYTES may take none of our reply bytes. A peer that
+#: reads at all takes a frame (at most 16 KiB) in far less; the order of the hello deadline.
+UNREAD_REPLY_TIMEOUT = 10.0
+#: Queued reply bytes past which the connection is closed with 1008 at once, read or not (a
+#: peer reading one frame now and then must not make us queue without end): what an honest sink
+#: can ask at once — 16 getDependencies replies of up to 8 MiB (replication-profiles §12) —
+#: and the same as what we gather for a peer (MAX_ASSEMBLING_BYTES). Like that, a connection
+#: that takes smaller messages (until hello) holds ASSEMBLING_MESSAGES of its own limit.
+MAX_QUEUED_REPLY_BYTES_HARD = 2 * MAX_MESSAGE_SIZE
 #: A streamed outgoing body is pulled from its source only while less than this is queued.
 STREAM_LOW_WATER = 64 * 1024
 #: A streamed incoming body buffers at most this much unread before we call the peer
@@ -453,6 +470,7 @@ class Connection(Transport):
         except ConnectionClosed:
             return
         self._wake_writer()
+        self._check_unread_replies()
         if source is not None:
             await self._feed_body(RPY, number, source)
 
@@ -462,6 +480,21 @@ class Connection(Transport):
         except ConnectionClosed:
             return
         self._wake_writer()
+        self._check_unread_replies()
+
+    def _check_unread_replies(self) -> None:
+        """Close (1008) a peer that leaves our replies unread: more than
+        :data:`MAX_QUEUED_REPLY_BYTES` of them queued with none taken for
+        :data:`UNREAD_REPLY_TIMEOUT`, or more than :data:`MAX_QUEUED_REPLY_BYTES_HARD` (both
+        at most :data:`ASSEMBLING_MESSAGES` of the connection's message limit)."""
+        owed = self._core.queued_reply_bytes
+        now = trio.current_time()
+        hard = min(MAX_QUEUED_REPLY_BYTES_HARD, ASSEMBLING_MESSAGES * self._max_message_size)
+        if owed <= min(MAX_QUEUED_REPLY_BYTES, hard):
+            self._replies_moved = now  # the clock runs only while the peer owes more
+        elif owed > hard or now - self._replies_moved > UNREAD_REPLY_TIMEOUT:
+            self._fail_connection(f"peer does not read our replies ({owed} bytes queued)",
+                                  CloseCode.POLICY_VIOLATION)
 
     async def _feed_body(self, mtype: int, number: int, source: AsyncIterable[bytes]) -> None:
         """Pull a streamed body from its source while little of it is queued."""
@@ -698,6 +731,8 @@ class Connection(Transport):
         while :data:`MAX_CONCURRENT_HANDLERS` handlers run."""
         if self._core.queued_messages > MAX_QUEUED_MESSAGES_HARD:
             self._fail_connection("peer sends requests but does not read replies", 1008)
+        else:
+            self._check_unread_replies()
         while self._active_handlers >= MAX_CONCURRENT_HANDLERS:
             self._handler_room = trio.Event()
             await self._handler_room.wait()

@@ -248,6 +248,28 @@ def test_manual_credit_holds_acks_until_the_consumer_reads() -> None:
     assert a.wants_to_send  # the sender resumes
 
 
+def test_queued_reply_bytes_count_our_replies_until_they_are_framed() -> None:
+    """What a peer that asks and never reads makes us hold: replies and errors, properties and
+    body, streamed or not, until framed; not our own requests; nothing once closed."""
+    a, b = BlipConnection(), BlipConnection()
+    for _ in range(4):
+        a.send_request({"Profile": "ask"}, b"?")
+    pump(a, b)
+    b.send_reply(1, {}, b"r" * 300_000)
+    b.send_error(2, "BLIP", 404, "no handler")
+    b.send_reply(3, {}, b"s" * 10, more_body=True)
+    b.append_body(RPY, 3, b"t" * 20, end=False)
+    owed = 300_000 + 1 + 10 + 1 + 20 + len(encode_message_head({"Error-Domain": "BLIP", "Error-Code": "404"})) + 10
+    assert b.queued_reply_bytes == owed
+    b.send_request({"Profile": "ours"}, b"q" * 50_000)
+    assert b.queued_reply_bytes == owed
+    b.frames_to_send(1 << 30)  # up to the window of the large one, the rest whole
+    assert 0 < b.queued_reply_bytes < 300_000 - MAX_UNACKED_BYTES
+    b.send_reply(4, {}, b"u" * 100)
+    b.close()
+    assert b.queued_reply_bytes == 0
+
+
 def test_streamed_body_is_framed_as_it_is_appended() -> None:
     a, b = BlipConnection(), BlipConnection()
     number = a.send_request({"Profile": "up"}, more_body=True)
