@@ -282,6 +282,9 @@ class BlipConnection:
         self.state = ConnectionState.OPEN
         #: Why the connection failed (ERROR state), for logs.
         self.error: str | None = None
+        #: Frame body bytes taken in (after inflating) and frame bytes produced, ACKs aside.
+        self.bytes_received = 0
+        self.bytes_sent = 0
         self._encoder = FrameEncoder(compression_level)
         self._decoder = FrameDecoder()
         # Outgoing side.
@@ -491,6 +494,7 @@ class BlipConnection:
                     del (self._out_requests if msg.type == MSG else self._out_replies)[number]
                 self._unfinished -= 1
                 finished.append((msg.type, number))
+        self.bytes_sent += total
         return out
 
     def take_finished(self) -> list[tuple[int, int]]:
@@ -516,6 +520,7 @@ class BlipConnection:
             number, flags, body, size = self._decoder.decode(data)
         except ProtocolError as exc:
             self._fail(str(exc))
+        self.bytes_received += len(body)
         mtype = flags & TYPE_MASK
         if mtype == MSG:
             incoming = self._in_requests.get(number)

@@ -26,6 +26,7 @@ import trio
 from websockets.frames import Opcode
 from websockets.protocol import Protocol, State
 
+from p2psync.blip import heap
 from p2psync.blip.closing import CLOSE_TIMEOUT, ClosableTransport, log
 from p2psync.blip.connection import ConnectionState, Event
 from p2psync.blip.errors import ConnectionClosed, ProtocolError
@@ -136,6 +137,8 @@ class Transport(ClosableTransport):
             with trio.CancelScope(shield=True):
                 await self._stream.aclose()
             self._lifecycle.finish()
+            # What it held is free now: give the heap back once enough has gone through.
+            heap.TRIMMER.connection_ended(self._core.bytes_received + self._core.bytes_sent)
 
     # ------------------------------------------------------------------ hooks (the RPC layer)
 

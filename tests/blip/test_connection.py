@@ -263,11 +263,23 @@ def test_queued_reply_bytes_count_our_replies_until_they_are_framed() -> None:
     assert b.queued_reply_bytes == owed
     b.send_request({"Profile": "ours"}, b"q" * 50_000)
     assert b.queued_reply_bytes == owed
-    b.frames_to_send(1 << 30)  # up to the window of the large one, the rest whole
+    framed = b.frames_to_send(1 << 30)  # up to the window of the large one, the rest whole
     assert 0 < b.queued_reply_bytes < 300_000 - MAX_UNACKED_BYTES
     b.send_reply(4, {}, b"u" * 100)
     b.close()
     assert b.queued_reply_bytes == 0
+    assert b.bytes_sent == sum(len(frame) for frame in framed)
+
+
+def test_bytes_received_count_what_frames_inflate_to() -> None:
+    a, b = BlipConnection(), BlipConnection()
+    a.send_request({"Profile": "z"}, bytes(100_000), compressed=True)
+    frames = a.frames_to_send(1 << 30)
+    for frame in frames:
+        b.receive_message(frame)
+    wire = sum(len(frame) for frame in frames)
+    assert a.bytes_sent == wire
+    assert b.bytes_received > 100_000 > 10 * wire
 
 
 def test_streamed_body_is_framed_as_it_is_appended() -> None:
