@@ -36,7 +36,7 @@ from p2psync.blip.handshake import (
 )
 from p2psync.blip.memory import MemoryListener, memory_pair
 from p2psync.blip.payloads import Body, IncomingBody, Reply, Response, StreamingResponse
-from p2psync.blip.rpc import Connection, Handler, HandlerSpec, Request, StreamingHandler, streaming
+from p2psync.blip.rpc import Connection, GatherBudget, Handler, HandlerSpec, Request, StreamingHandler, streaming
 from p2psync.blip.wire import subprotocol_for
 
 __all__ = [
@@ -49,6 +49,7 @@ __all__ = [
     "Connection",
     "ConnectionClosed",
     "ConnectionState",
+    "GatherBudget",
     "Handler",
     "HandlerSpec",
     "IncomingBody",

@@ -443,6 +443,7 @@ async def serve_listeners(
     idle_timeout: float | None = IDLE_TIMEOUT,
     max_message_size: int = MAX_MESSAGE_SIZE,
     tls: TlsCertificate | None = None,
+    gather_budget: GatherBudget | None = None,
     task_status: trio.TaskStatus[BlipServer] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Accept BLIP connections on any trio listeners until cancelled (then closes them).
@@ -460,6 +461,7 @@ async def serve_listeners(
         idle_timeout=idle_timeout,
         max_message_size=max_message_size,
         tls=tls,
+        gather_budget=gather_budget or GatherBudget(),
     )
     task_status.started(server)
     await trio.serve_listeners(server.serve_stream, server.listeners)
@@ -477,6 +479,7 @@ async def serve(
     idle_timeout: float | None = IDLE_TIMEOUT,
     max_message_size: int = MAX_MESSAGE_SIZE,
     tls: TlsCertificate | None = None,
+    gather_budget: GatherBudget | None = None,
     task_status: trio.TaskStatus[BlipServer] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Accept BLIP connections on ``host:port`` (any request path) until cancelled; over TLS
@@ -496,5 +499,6 @@ async def serve(
         idle_timeout=idle_timeout,
         max_message_size=max_message_size,
         tls=tls,
+        gather_budget=gather_budget,
         task_status=task_status,
     )

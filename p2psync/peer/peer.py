@@ -33,7 +33,7 @@ from p2psync.dwn.store import Store
 from p2psync.errors import error_name, is_retryable, retry_after
 from p2psync.peer.anti_entropy import ReconcileSummary, reconcile_with
 from p2psync.peer.repair import RepairProgress, RepairSummary, WantedMessage, fetch_messages
-from p2psync.peer.session import PRE_HELLO_MAX_MESSAGE, PeerSession
+from p2psync.peer.session import PRE_HELLO_MAX_MESSAGE, SERVED_GATHER_BYTES, PeerSession
 from p2psync.replication.hello import new_hello
 from p2psync.replication.observer import NO_OBSERVER, SyncObserver
 from p2psync.replication.protocol import ALL_PROFILES, ReplicationProtocol
@@ -208,7 +208,8 @@ class Peer:
         # Hello-sized limits from the first frame: on_connect (which attaches the session) may
         # run after the reader has taken the first read.
         await blip.serve(host, port, APP_ID, self.handlers(active=False), on_connect=self._on_connect,
-                         tls=self.tls, max_message_size=PRE_HELLO_MAX_MESSAGE, task_status=task_status)
+                         tls=self.tls, max_message_size=PRE_HELLO_MAX_MESSAGE,
+                         gather_budget=blip.GatherBudget(SERVED_GATHER_BYTES), task_status=task_status)
 
     # -- active -----------------------------------------------------------------------------
 

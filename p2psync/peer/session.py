@@ -20,7 +20,6 @@ from typing import Any, Final
 import trio
 
 from p2psync import blip
-from p2psync.blip.rpc import MAX_MESSAGE_SIZE
 from p2psync.replication.effects import (
     CloseConnection,
     Collection,
@@ -41,6 +40,7 @@ from p2psync.replication.source import Source
 from p2psync.replication.wire import (
     ERROR_DOMAIN,
     HELLO_TIMEOUT,
+    MAX_INLINE_PER_DEPENDENCIES,
     PeerError,
 )
 from p2psync.state.committer import StoreUnavailable
@@ -57,6 +57,17 @@ Handler = Callable[[blip.Request], Awaitable[blip.Reply | None]]
 #: check stays far below this; a stranger who never says hello cannot make us gather 64 MiB
 #: messages (issue #15). Ours.
 PRE_HELLO_MAX_MESSAGE: Final = 256 * 1024
+#: The largest message a connection takes once hello has succeeded: twice the largest the
+#: replication profiles send (a getDependencies reply, with at most 8 MiB of inline data,
+#: MAX_INLINE_PER_DEPENDENCIES; record data beyond that streams by getAttachment and is never
+#: gathered as one BLIP message). BLIP's own default, 64 MiB, let one stranger who proved a
+#: throw-away did:key make a node gather 128 MiB, and ten of them ~690 MiB (issue #15). Ours.
+REPLICATION_MAX_MESSAGE: Final = 2 * MAX_INLINE_PER_DEPENDENCIES
+#: Bytes of incoming messages all the connections a peer serves may be gathering at once:
+#: four connections each at their cap (two messages of REPLICATION_MAX_MESSAGE); past it the
+#: connection that adds more is closed with 1013. Ten proven strangers at their caps then hold
+#: at most this much, not 10 × 32 MiB. Ours.
+SERVED_GATHER_BYTES: Final = 8 * REPLICATION_MAX_MESSAGE
 #: How often a continuous feed looks at the log when no local commit woke it (writes by other
 #: processes on the same store file are only seen this way). Ours.
 POLL_INTERVAL: Final = 0.5
@@ -91,7 +102,7 @@ class PeerSession:
         self.service = service
         self.observer = proto.observer
         self.conn: blip.Connection | None = None
-        self._max_message = MAX_MESSAGE_SIZE  # what the connection takes once hello has succeeded
+        self._max_message = REPLICATION_MAX_MESSAGE  # what the connection takes once hello has succeeded
         self._replies: dict[int, list[Any]] = {}  # rid -> [event, output]
         self._durable: dict[Any, list[int]] = {}  # group-commit batch -> refs waiting for it
         self._rids = 0

@@ -19,7 +19,7 @@ from p2psync import blip
 from p2psync.blip.codec import FrameEncoder
 from p2psync.blip.wire import COMPRESSED, MORE_COMING, MSG, encode_message_head, subprotocol_for
 from p2psync.peer.peer import Peer
-from p2psync.peer.session import PRE_HELLO_MAX_MESSAGE
+from p2psync.peer.session import PRE_HELLO_MAX_MESSAGE, REPLICATION_MAX_MESSAGE
 from p2psync.replication.wire import APP_ID
 from tests.blip.rawpeer import RawPeer
 from tests.peer.support import new_store, seeded, served
@@ -40,18 +40,22 @@ async def test_a_large_request_before_hello_is_refused_unread(tmp_path: Path) ->
     assert info.value.code == 413
 
 
-async def test_after_hello_the_full_limit_applies(tmp_path: Path) -> None:
+async def test_after_hello_the_replication_limit_applies(tmp_path: Path) -> None:
     peer = Peer(new_store(tmp_path, "b"), ALICE)
     async with served(Peer(new_store(tmp_path, "a"), ALICE)) as url, blip.connect(
             url, app_id=APP_ID, handlers=peer.handlers(active=True)) as conn:
         session = peer.session_for(conn, active=True)
         assert conn.max_message_size == PRE_HELLO_MAX_MESSAGE
         await session.hello()
-        assert conn.max_message_size == blip.rpc.MAX_MESSAGE_SIZE
+        assert conn.max_message_size == REPLICATION_MAX_MESSAGE < blip.rpc.MAX_MESSAGE_SIZE
         with trio.fail_after(10), pytest.raises(blip.BlipError) as info:
             # Gathered whole now, then refused by the profile itself (not a map of collections).
             await conn.request("getCollections", body=b"\x00" * (PRE_HELLO_MAX_MESSAGE + 1))
         assert info.value.code != 413
+        # The served side too: past the replication limit a message is refused, not gathered.
+        with trio.fail_after(20), pytest.raises(blip.BlipError) as info:
+            await conn.request("getCollections", body=b"\x00" * (REPLICATION_MAX_MESSAGE + 1))
+        assert info.value.code == 413
 
 
 async def test_connections_that_never_prove_anything_are_capped(
