@@ -99,10 +99,11 @@ MAX_QUEUED_REPLY_BYTES = 16 * 1024 * 1024
 UNREAD_REPLY_TIMEOUT = 10.0
 #: Queued reply bytes past which the connection is closed with 1008 at once, read or not (a
 #: peer reading one frame now and then must not make us queue without end): what an honest sink
-#: can ask at once — 16 getDependencies replies of up to 8 MiB (replication-profiles §12) —
-#: and the same as what we gather for a peer (MAX_ASSEMBLING_BYTES). Like that, a connection
-#: that takes smaller messages (until hello) holds ASSEMBLING_MESSAGES of its own limit.
-MAX_QUEUED_REPLY_BYTES_HARD = 2 * MAX_MESSAGE_SIZE
+#: can ask at once — an attachment of the largest size (100 MiB, sent whole) beside 16
+#: getDependencies replies of up to 8 MiB (replication-profiles §12). A connection starts at
+#: ASSEMBLING_MESSAGES of its message limit (512 KiB until hello) and is given this once its
+#: peer proved who it is (:attr:`Connection.max_reply_backlog`).
+MAX_QUEUED_REPLY_BYTES_HARD = 4 * MAX_MESSAGE_SIZE
 #: A streamed outgoing body is pulled from its source only while less than this is queued.
 STREAM_LOW_WATER = 64 * 1024
 #: A streamed incoming body buffers at most this much unread before we call the peer
@@ -285,6 +286,9 @@ class Connection(Transport):
         self.is_client = is_client
         self._handlers: dict[str, HandlerSpec] = dict(handlers or {})
         self._max_message_size = max_message_size
+        #: Queued reply bytes past which the peer is closed at once (MAX_QUEUED_REPLY_BYTES_HARD);
+        #: the soft cap, past which it must keep taking them, is at most this.
+        self.max_reply_backlog = min(MAX_QUEUED_REPLY_BYTES_HARD, ASSEMBLING_MESSAGES * max_message_size)
         self._core.max_inflated_frame = inflated_frame_limit(max_message_size)
         self._waiters: dict[int, _Waiter] = {}
         self._sent_waiters: dict[int, trio.Event] = {}  # no-reply requests not fully written
@@ -485,11 +489,10 @@ class Connection(Transport):
     def _check_unread_replies(self) -> None:
         """Close (1008) a peer that leaves our replies unread: more than
         :data:`MAX_QUEUED_REPLY_BYTES` of them queued with none taken for
-        :data:`UNREAD_REPLY_TIMEOUT`, or more than :data:`MAX_QUEUED_REPLY_BYTES_HARD` (both
-        at most :data:`ASSEMBLING_MESSAGES` of the connection's message limit)."""
+        :data:`UNREAD_REPLY_TIMEOUT`, or more than :attr:`max_reply_backlog`."""
         owed = self._core.queued_reply_bytes
         now = trio.current_time()
-        hard = min(MAX_QUEUED_REPLY_BYTES_HARD, ASSEMBLING_MESSAGES * self._max_message_size)
+        hard = self.max_reply_backlog
         if owed <= min(MAX_QUEUED_REPLY_BYTES, hard):
             self._replies_moved = now  # the clock runs only while the peer owes more
         elif owed > hard or now - self._replies_moved > UNREAD_REPLY_TIMEOUT:

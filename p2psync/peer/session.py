@@ -20,6 +20,7 @@ from typing import Any, Final
 import trio
 
 from p2psync import blip
+from p2psync.blip.rpc import MAX_QUEUED_REPLY_BYTES_HARD
 from p2psync.replication.effects import (
     CloseConnection,
     Collection,
@@ -168,6 +169,7 @@ class PeerSession:
         await self.run(self.proto.start_hello())
         if self.conn is not None and self.proto.hello_ok:
             self.conn.max_message_size = self._max_message
+            self.conn.max_reply_backlog = MAX_QUEUED_REPLY_BYTES_HARD
 
     async def hello_quietly(self) -> None:
         with contextlib.suppress(HelloFailed):

@@ -544,19 +544,24 @@ class Collection:
 
 
 class Slots:
-    """A counting semaphore for operations: ``yield from slots.acquire()``, then :meth:`release`."""
+    """A counting semaphore for operations: ``taken = yield from slots.acquire(weight)``, then
+    :meth:`release` of what it returned. A weight above the capacity takes all of it (it then
+    runs alone rather than never)."""
 
-    __slots__ = ("free", "_freed")
+    __slots__ = ("capacity", "free", "_freed")
 
     def __init__(self, count: int, ready: deque[Any]) -> None:
+        self.capacity = count
         self.free = count
         self._freed = Signal(ready)
 
-    def acquire(self) -> Generator[Signal, Any, None]:
-        while self.free <= 0:
+    def acquire(self, weight: int = 1) -> Generator[Signal, Any, int]:
+        weight = min(weight, self.capacity)
+        while self.free < weight:
             yield self._freed
-        self.free -= 1
+        self.free -= weight
+        return weight
 
-    def release(self) -> None:
-        self.free += 1
+    def release(self, weight: int = 1) -> None:
+        self.free += weight
         self._freed.fire()

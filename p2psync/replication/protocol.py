@@ -86,6 +86,7 @@ from p2psync.replication.wire import (
     DEFAULT_MAX_DATA,
     HELLO_MAX_BODY,
     INLINE_DATA_MAX,
+    MAX_ATTACHMENT_BYTES_IN_FLIGHT,
     MAX_BATCH,
     MAX_CHECKPOINT_BODY,
     MAX_COLLECTIONS,
@@ -123,8 +124,6 @@ PASSIVE_PROFILES: Final = frozenset(
 ACTIVE_PROFILES: Final = frozenset({"changes", "rev", "norev"}) | _SOURCE_PROFILES
 #: Every profile a peer answers (the BLIP handler table is built from this).
 ALL_PROFILES: Final = ("hello", *sorted(PASSIVE_PROFILES | ACTIVE_PROFILES))
-#: `getAttachment`s one sink keeps in flight on a connection (§12).
-MAX_ATTACHMENTS_IN_FLIGHT: Final = 8
 #: `getDependencies` one sink keeps in flight on a connection (§12).
 MAX_DEPENDENCIES_IN_FLIGHT: Final = 16
 #: `proveAttachment` nonce bounds (§9.2, Couchbase's).
@@ -217,7 +216,8 @@ class ReplicationProtocol:
         self._changed = Signal(self._ready)
         self._replied = False
         self._hello_expired = False
-        self.attachment_slots = Slots(MAX_ATTACHMENTS_IN_FLIGHT, self._ready)
+        # Weighed in bytes; no attachment weighs less than its share of the eight.
+        self.attachment_slots = Slots(MAX_ATTACHMENT_BYTES_IN_FLIGHT, self._ready)
         self.dependency_slots = Slots(MAX_DEPENDENCIES_IN_FLIGHT, self._ready)
         self._handlers: dict[str, Callable[[dict[str, str], bytes], Effects]] = {
             "getCollections": self._on_get_collections,

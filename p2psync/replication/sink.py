@@ -57,6 +57,7 @@ from p2psync.replication.window import ProgressWindow, WindowItem
 from p2psync.replication.wire import (
     DEFAULT_MAX_DATA,
     INLINE_DATA_MAX,
+    MAX_ATTACHMENTS_IN_FLIGHT,
     MAX_ENTRIES_PER_REF,
     MAX_REFS,
     PeerError,
@@ -246,13 +247,13 @@ class Sink:
             raise PeerError(424, "AttachmentInvalid", "message names no dataCid")
         props = {"collection": str(self.index), "messageCid": cid, "dataCid": dcid}
         slots = self.host.attachment_slots
-        yield from slots.acquire()
+        taken = yield from slots.acquire(max(size, slots.capacity // MAX_ATTACHMENTS_IN_FLIGHT))
         try:
             reply: Response = yield Call("getAttachment", props, max_reply=size)
         except PeerError as exc:
             raise PeerError(424, "AttachmentUnavailable", str(exc)) from exc
         finally:
-            slots.release()
+            slots.release(taken)
         self.stats.bytes_received += len(reply.body)
         return reply.body
 

@@ -45,6 +45,13 @@ MAX_REFS: Final = 128
 MAX_ENTRIES_PER_REF: Final = 64
 #: Inline data per ``getDependencies`` reply (§10, §12).
 MAX_INLINE_PER_DEPENDENCIES: Final = 8 * 1024 * 1024
+#: `getAttachment`s one sink keeps in flight on a connection (§12): at most 8, and at most
+#: 32 MiB of data together (one larger attachment goes alone). The source holds each reply
+#: whole until it is written, so this is also what an honest sink makes its source queue, well
+#: under the source's reply-backlog cap (blip MAX_QUEUED_REPLY_BYTES_HARD, 128 MiB) even with
+#: an attachment of the largest size (DEFAULT_MAX_DATA, 100 MiB). Ours.
+MAX_ATTACHMENTS_IN_FLIGHT: Final = 8
+MAX_ATTACHMENT_BYTES_IN_FLIGHT: Final = 32 * 1024 * 1024
 #: Collections per connection (§4.1, §12).
 MAX_COLLECTIONS: Final = 256
 #: Messages a source keeps in its offered set per connection (§9, §12).

@@ -173,3 +173,18 @@ async def test_handshakes_that_never_finish_do_not_lock_out_an_honest_peer(tmp_p
         for stream in idle:
             await stream.aclose()
         nursery.cancel_scope.cancel()
+
+
+async def test_large_records_arrive_whole_over_tls(tmp_path: Path) -> None:
+    """Record data above the inline limit travels by getAttachment over the TLS stream, 12 MiB
+    at a time; the sink's bound on what it asks at once is checked exactly in
+    tests/replication/test_protocol_pump.py."""
+    source = new_store(tmp_path, "big-source")
+    big = 12 * 1024 * 1024
+    write_notes(source, ALICE, 6, clock=Clock(), sizes=dict.fromkeys(range(5), big))
+    server = Peer(source, ALICE, tls=new_certificate())
+    client = Peer(new_store(tmp_path, "big-client"), ALICE)
+    async with served(server) as url:
+        summary = await client.sync(url, tenant=ALICE.did)
+    assert summary.pull is not None and summary.pull.revs_settled == 6 and summary.pull.bytes_received > 5 * big
+    assert store_digest(client.store) == store_digest(source)

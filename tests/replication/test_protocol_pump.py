@@ -21,6 +21,7 @@ from p2psync.dwn.did import Identity
 from p2psync.dwn.engine import Dwn
 from p2psync.dwn.records_write import RecordsWrite
 from p2psync.dwn.store import Store
+from p2psync.replication import protocol as protocol_module
 from p2psync.replication.checkpoint import checkpoint_id
 from p2psync.replication.effects import (
     CloseConnection,
@@ -307,3 +308,46 @@ def test_a_stopped_sink_refuses_listings_so_nothing_moves_after_the_final_save(t
     refusals = [o for o in phone.proto.outputs() if isinstance(o, SendError) and o.rid == 10_000]
     assert [(r.error.code, r.error.name) for r in refusals] == [(503, "Stopping")]
     assert phone.service.ledger.get_checkpoint(round_.key, Direction.PULL) == before
+
+
+def test_a_sink_keeps_attachment_bytes_in_flight_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A source holds each getAttachment reply whole until it is written, so the sink bounds the
+    bytes it asks for at once (MAX_ATTACHMENT_BYTES_IN_FLIGHT), not only their number: 60 kB
+    records under a 200 kB budget go three at a time, where the count alone allows eight."""
+    monkeypatch.setattr(protocol_module, "MAX_ATTACHMENT_BYTES_IN_FLIGHT", 200_000)
+    laptop = make_side(tmp_path, "laptop", active=False)
+    phone = make_side(tmp_path, "phone", active=True)
+    dwn, clock = Dwn(laptop.store), Clock()
+    for i in range(12):
+        now = clock.tick()
+        data = bytes([i]) * 60_000  # out of line: each by getAttachment
+        write = RecordsWrite.create(signer=ALICE, data=data, schema=NOTE, data_format="text/plain",
+                                    message_timestamp=now, date_created=now)
+        assert dwn.process_message(ALICE.did, write.message, data).code == 202
+    outstanding: set[int] = set()
+    peaks: list[int] = [0]
+    asked, answered = phone.proto.outputs, phone.proto.receive_response
+
+    def outputs() -> list[Any]:
+        outs = asked()
+        outstanding.update(o.ref for o in outs if isinstance(o, SendRequest) and o.profile == "getAttachment")
+        peaks.append(len(outstanding))
+        return outs
+
+    def receive_response(ref: int, *args: Any) -> None:
+        outstanding.discard(ref)
+        answered(ref, *args)
+
+    monkeypatch.setattr(phone.proto, "outputs", outputs)
+    monkeypatch.setattr(phone.proto, "receive_response", receive_response)
+    wire = Wire(laptop, phone, random.Random(7))
+    laptop.proto.start_hello()
+    run(wire, phone.proto.start_hello())
+    scope = SyncScope.global_scope()
+    cp_id = checkpoint_id(store_id(phone.store), store_id(laptop.store), scope.scope_id, ALICE.did)
+    index, _ = run(wire, phone.proto.open_collection(ALICE.did, scope, cp_id))
+    key = phone.service.ledger.open_link(ALICE.did, f"{ALICE.did}?storeId={store_id(laptop.store)}", scope).key
+    pull, sink = phone.proto.pull(index, None, key=key, direction=Direction.PULL, batch=12)
+    run(wire, pull)
+    assert sink.stats.attachments_fetched == 12
+    assert max(peaks) == 200_000 // 60_000  # three at a time: the bytes bound, not the count
