@@ -382,6 +382,7 @@ class BlipServer:
         failed handshake raises (:class:`ConnectionClosed`, ``trio.TooSlowError``) instead.
         """
         started = False
+        address = _remote_address(stream)
         if self._tls_context is not None:
             # The TLS handshake runs on the first read, inside accept_stream's deadline.
             stream = trio.SSLStream(stream, self._tls_context, server_side=True)
@@ -402,6 +403,7 @@ class BlipServer:
                     server_certificate=self._tls_der,
                 ) as conn:
                     self._handshaking.pop(handshake, None)
+                    conn.remote_address = address
                     self.connections.add(conn)
                     try:
                         if self.on_connect is not None:
@@ -421,6 +423,17 @@ class BlipServer:
         finally:
             self._handshaking.pop(handshake, None)
 
+
+
+def _remote_address(stream: trio.abc.Stream) -> str | None:
+    """The peer's IP address of a TCP stream (None for other streams)."""
+    if not isinstance(stream, trio.SocketStream):
+        return None
+    try:
+        peer = stream.socket.getpeername()
+    except OSError:
+        return None
+    return str(peer[0]) if isinstance(peer, tuple) else None
 
 
 async def _guarded(fn: Callable[[Connection], Awaitable[None]], conn: Connection) -> None:

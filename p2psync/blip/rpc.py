@@ -301,6 +301,8 @@ class Connection(Transport):
         #: The DER certificate the TLS server of this connection presented (ours when we
         #: serve), or None on a plain connection: what a channel binding is computed from.
         self.server_certificate: bytes | None = None
+        #: The other end's IP address when we accepted it over TCP (None otherwise).
+        self.remote_address: str | None = None
 
     # ------------------------------------------------------------------ public API
 

@@ -19,6 +19,7 @@ import logging
 import random
 import time
 import weakref
+from collections import Counter
 from collections.abc import Callable, Iterable
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Final, Literal
@@ -71,6 +72,10 @@ ONE_SHOT_MAX_WAIT: Final = 30.0
 #: has more than a dozen peers.
 MAX_CONNECTIONS: Final = 256
 MAX_UNPROVEN_CONNECTIONS: Final = 32
+#: Of the unproven, those from one address: one host renewing silent connections every hello
+#: deadline would otherwise hold all 32 slots and lock every newcomer out (1013); now it holds
+#: half, and the rest stay for other hosts. An honest peer opens one connection per link. Ours.
+MAX_UNPROVEN_PER_ADDRESS: Final = 16
 #: A one-shot round that moves nothing for this long is abandoned and retried: BLIP pings keep
 #: a connection open even when the other side's replication is stuck. Ours.
 STALL_TIMEOUT: Final = 120.0
@@ -132,6 +137,7 @@ class Peer:
         self._sessions: weakref.WeakKeyDictionary[blip.Connection, PeerSession] = weakref.WeakKeyDictionary()
         self._served = 0  # connections served now (MAX_CONNECTIONS)
         self._unproven = 0  # of them, those whose hello has not ended (MAX_UNPROVEN_CONNECTIONS)
+        self._unproven_from: Counter[str] = Counter()  # the same by remote address (MAX_UNPROVEN_PER_ADDRESS)
         #: Told of applies and missing dependencies (p2psync/node/metrics.py); set before serving.
         self.metrics: SyncObserver = NO_OBSERVER
 
@@ -173,30 +179,41 @@ class Peer:
         return {p: make(p) for p in ALL_PROFILES}
 
     async def _on_connect(self, conn: blip.Connection) -> None:
-        if self._served >= MAX_CONNECTIONS or self._unproven >= MAX_UNPROVEN_CONNECTIONS:
+        address = conn.remote_address or ""
+        if (self._served >= MAX_CONNECTIONS or self._unproven >= MAX_UNPROVEN_CONNECTIONS
+                or self._unproven_from[address] >= MAX_UNPROVEN_PER_ADDRESS):
             # Over the caps (issue #15): close at once, before any hello work; 1013 "try
             # again later" tells an honest peer to back off.
-            log.warning("refusing a connection: %d open, %d not yet proven", self._served, self._unproven)
+            log.warning("refusing a connection from %s: %d open, %d not yet proven (%d from there)", address or "?",
+                        self._served, self._unproven, self._unproven_from[address])
             await conn.aclose(code=1013, reason="P2PSync 503 TooManyConnections")
             return
         # §3: the passive sends its hello at once too (both cross in one round trip).
         session = self.session_for(conn, active=False)
         self._served += 1
         self._unproven += 1
-        conn.start_soon(self._serve_connection, conn, session)
+        self._unproven_from[address] += 1
+        conn.start_soon(self._serve_connection, conn, session, address)
 
-    async def _serve_connection(self, conn: blip.Connection, session: PeerSession) -> None:
+    async def _serve_connection(self, conn: blip.Connection, session: PeerSession, address: str) -> None:
         """Keep the connection caps' counts: unproven until hello ends (either way), open until
         the connection does (this task is cancelled when it closes)."""
         unproven = True
+
+        def proven() -> None:
+            self._unproven -= 1
+            self._unproven_from[address] -= 1
+            if not self._unproven_from[address]:
+                del self._unproven_from[address]
+
         try:
             await session.hello_quietly()
-            self._unproven -= 1
+            proven()
             unproven = False
             await conn.wait_closed()
         finally:
             if unproven:
-                self._unproven -= 1
+                proven()
             self._served -= 1
 
     # -- passive ----------------------------------------------------------------------------

@@ -21,8 +21,9 @@ class RawPeer:
         self.ws = ws
 
     @classmethod
-    async def connect(cls, port: int, app_id: str) -> RawPeer:
-        stream = await trio.open_tcp_stream("127.0.0.1", port)
+    async def connect(cls, port: int, app_id: str, *, local_address: str | None = None) -> RawPeer:
+        """``local_address``: another loopback address (127.0.0.x) to come from, as another host would."""
+        stream = await trio.open_tcp_stream("127.0.0.1", port, local_address=local_address)
         ws = ClientProtocol(parse_uri(f"ws://127.0.0.1:{port}/_blip"),
                             subprotocols=[Subprotocol(subprotocol_for(app_id))])
         peer = cls(stream, ws)

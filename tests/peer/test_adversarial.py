@@ -259,11 +259,12 @@ async def test_unread_requests_to_unknown_profiles(node: Node, tmp_path: Path) -
 
 async def test_connections_that_never_say_hello(node: Node, tmp_path: Path) -> None:
     """(d) Connections that finish the WebSocket handshake and say nothing: three per abuser,
-    30 of the 32 unproven slots. The node closes each at its hello deadline (1008)."""
+    each abuser from its own address, 30 of the 32 unproven slots. The node closes each at its
+    hello deadline (1008). (From one address at most 16 are let in: test_pre_hello.py.)"""
     codes: list[int | None] = []
 
     async def attacker(i: int, underway: trio.Event, stop: trio.Event) -> None:
-        peers = [await RawPeer.connect(node.port, APP_ID) for _ in range(3)]
+        peers = [await RawPeer.connect(node.port, APP_ID, local_address=f"127.0.0.{i + 2}") for _ in range(3)]
         underway.set()
         for peer in peers:
             close = await peer.closed_with(HELLO_TIMEOUT + 10)

@@ -81,6 +81,23 @@ async def test_connections_that_never_prove_anything_are_capped(
                     await trio.sleep(0.1)
 
 
+async def test_one_address_cannot_take_every_unproven_slot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host that opens silent connections gets MAX_UNPROVEN_PER_ADDRESS of the unproven slots;
+    another host still gets in, and so does an honest peer from the first host."""
+    monkeypatch.setattr(peer_module, "MAX_UNPROVEN_PER_ADDRESS", 2)
+    async with served(Peer(new_store(tmp_path, "a"), ALICE)) as url:
+        port = int(url.rsplit(":", 1)[1].split("/")[0])
+        first = [await RawPeer.connect(port, APP_ID, local_address="127.0.0.2") for _ in range(2)]
+        third = await RawPeer.connect(port, APP_ID, local_address="127.0.0.2")
+        close = await third.closed_with(5)
+        assert close is not None and close.code == 1013 and "TooManyConnections" in close.reason
+        other = await RawPeer.connect(port, APP_ID, local_address="127.0.0.3")
+        assert await other.closed_with(0.5) is None  # another host: let in (until its hello deadline)
+        assert [await p.closed_with(0.1) for p in first] == [None, None]  # not closed by the node
+        summary = await Peer(new_store(tmp_path, "b"), ALICE).sync(url, tenant=ALICE.did)
+        assert summary.pull is not None
+
+
 async def test_the_limits_hold_from_the_first_frame(tmp_path: Path) -> None:
     """Frames sent in the same write as the WebSocket handshake are read before the peer's
     session is attached: the connection is opened with hello-sized limits already, so a
