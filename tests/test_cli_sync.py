@@ -187,7 +187,7 @@ def test_import_key_is_the_same_tenant_with_its_own_store(tmp_path: Path, capsys
     jwk = json.loads((a / "identity.json").read_text())
     public.write_text(json.dumps({k: v for k, v in jwk.items() if k != "d"}))
     code, _, err = run(capsys, tmp_path / "c", "init", "--import-key", str(public))
-    assert code == 1 and "cannot import key" in err
+    assert code == 1 and "is not an identity file (no member 'd')" in err
 
 
 # --------------------------------------------------------------------------- pull end to end

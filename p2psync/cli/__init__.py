@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from p2psync import __version__
 from p2psync.cli.anti_entropy import cmd_diff, cmd_sync_or_repair
@@ -49,8 +49,15 @@ __all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "NODE_STATUS_FILE", "CliError
 # --------------------------------------------------------------------------- parser
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (its usage block would be many), naming where help is."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="p2psync", description="Peer-to-peer replication of DWN data.")
+    p = _Parser(prog="p2psync", description="Peer-to-peer replication of DWN data.")
     p.add_argument("--version", action="version", version=f"p2psync {__version__}")
     p.add_argument("--home", help="data directory (default: $P2PSYNC_HOME or the user data dir)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")

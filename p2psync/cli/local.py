@@ -6,8 +6,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Final, TypeVar
 
 from p2psync.cli.common import (
     EXIT_FAILED,
@@ -23,6 +24,7 @@ from p2psync.cli.home import HomeError
 from p2psync.dwn.did import Identity
 from p2psync.dwn.encoding import message_cid
 from p2psync.dwn.engine import Dwn
+from p2psync.dwn.errors import DwnError
 from p2psync.dwn.protocols import ProtocolsConfigure
 from p2psync.dwn.records import ALL_RECORDS_FILTER, create_records_query, create_records_read
 from p2psync.dwn.records_write import RecordsWrite
@@ -46,13 +48,31 @@ def _read_data(args: argparse.Namespace) -> bytes:
     return sys.stdin.buffer.read()
 
 
+_T = TypeVar("_T")
+
+
+def _authored(make: Callable[[], _T]) -> _T:
+    """A message authored from the command line; one the DWN rules refuse is a one-line error
+    with the reference's code (e.g. an invalid --schema URL), not a traceback."""
+    try:
+        return make()
+    except DwnError as exc:
+        raise CliError(f"cannot author the message: {exc}") from None
+
+
 def cmd_init(args: argparse.Namespace) -> int:
     home = home_of(args)
     if args.import_key:
+        expected = "the identity.json of `p2psync init`: a JSON Web Key with kty, crv, x and d"
         try:
             identity = Identity.from_jwk(json.loads(Path(args.import_key).read_text()))
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise CliError(f"cannot import key from {args.import_key}: {exc}") from None
+        except OSError as exc:
+            raise CliError(f"cannot read {args.import_key}: {exc.strerror or exc}") from None
+        except KeyError as exc:
+            raise CliError(f"{args.import_key} is not an identity file (no member {exc.args[0]!r}); "
+                           f"expected {expected}") from None
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise CliError(f"{args.import_key} is not an identity file ({exc}); expected {expected}") from None
     else:
         identity = Identity.generate(args.did_method)
     try:
@@ -102,14 +122,41 @@ def cmd_whoami(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_protocol_install(args: argparse.Namespace) -> int:
+#: What a protocol definition must hold before the engine looks at it (the reference's schema
+#: says the rest, with its own error codes).
+_DEFINITION_MEMBERS: Final = {"protocol": str, "published": bool, "types": dict, "structure": dict}
+
+
+def _protocol_definition(path: str) -> dict[str, Any]:
+    """The JSON object in ``path`` with the members of a protocol definition, or a one-line error."""
     try:
-        definition = json.loads(Path(args.file).read_text())
-    except (OSError, ValueError) as exc:
-        raise CliError(f"cannot read protocol definition {args.file}: {exc}") from None
+        definition = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise CliError(f"cannot read protocol definition {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise CliError(f"protocol definition {path} is not JSON: {exc}") from None
+    if not isinstance(definition, dict):
+        raise CliError(f"protocol definition {path} must be a JSON object with protocol, published, types and "
+                       "structure (see docs/examples)")
+    for member, kind in _DEFINITION_MEMBERS.items():
+        if not isinstance(definition.get(member), kind):
+            what = "missing" if member not in definition else f"not a JSON {_JSON_KIND[kind]}"
+            raise CliError(f"protocol definition {path}: `{member}` is {what} (a definition has protocol, "
+                           "published, types and structure)")
+    return definition
+
+
+_JSON_KIND: Final = {str: "string", bool: "boolean", dict: "object"}
+
+
+def cmd_protocol_install(args: argparse.Namespace) -> int:
+    definition = _protocol_definition(args.file)
     identity, dwn = open_node(args)
     try:
-        message = ProtocolsConfigure.create(definition=definition, signer=identity).message
+        try:
+            message = ProtocolsConfigure.create(definition=definition, signer=identity).message
+        except (DwnError, KeyError, TypeError, ValueError) as exc:
+            raise CliError(f"invalid protocol definition {args.file}: {exc}") from None
         reply = dwn.process_message(identity.did, message)
         check_reply(reply, "protocol install")
     finally:
@@ -118,11 +165,20 @@ def cmd_protocol_install(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _protocol_flags(args: argparse.Namespace) -> None:
+    """``--protocol`` and ``--protocol-path`` go together (the DWN rule for writes and queries)."""
+    if (args.protocol is None) != (args.protocol_path is None):
+        given, missing = ("--protocol", "--protocol-path") if args.protocol_path is None else (
+            "--protocol-path", "--protocol")
+        raise CliError(f"{given} needs {missing} too (a protocol record is named by both)")
+
+
 def cmd_write(args: argparse.Namespace) -> int:
+    _protocol_flags(args)
     data = _read_data(args)
     identity, dwn = open_node(args)
     try:
-        write = RecordsWrite.create(
+        write = _authored(lambda: RecordsWrite.create(
             signer=identity,
             data=data,
             data_format=args.data_format,
@@ -132,7 +188,7 @@ def cmd_write(args: argparse.Namespace) -> int:
             parent_context_id=args.parent_context_id,
             recipient=args.recipient,
             published=True if args.published else None,
-        )
+        ))
         reply = dwn.process_message(args.tenant or identity.did, write.message, data)
         check_reply(reply, "write")
     finally:
@@ -153,7 +209,7 @@ def cmd_write(args: argparse.Namespace) -> int:
 def cmd_read(args: argparse.Namespace) -> int:
     identity, dwn = open_node(args)
     try:
-        message = create_records_read(signer=identity, filter={"recordId": args.record_id})
+        message = _authored(lambda: create_records_read(signer=identity, filter={"recordId": args.record_id}))
         reply = dwn.process_message(args.tenant or identity.did, message)
         check_reply(reply, "read")
     finally:
@@ -169,6 +225,8 @@ def cmd_read(args: argparse.Namespace) -> int:
 
 
 def cmd_query(args: argparse.Namespace) -> int:
+    if args.protocol_path is not None and args.protocol is None:
+        raise CliError("--protocol-path needs --protocol too (a path means nothing outside its protocol)")
     flt: dict[str, Any] = {}
     for key, value in (("protocol", args.protocol), ("protocolPath", args.protocol_path), ("schema", args.schema),
                        ("contextId", args.context_id), ("recipient", args.recipient)):
@@ -176,7 +234,7 @@ def cmd_query(args: argparse.Namespace) -> int:
             flt[key] = value
     identity, dwn = open_node(args)
     try:
-        message = create_records_query(signer=identity, filter=flt or ALL_RECORDS_FILTER)
+        message = _authored(lambda: create_records_query(signer=identity, filter=flt or ALL_RECORDS_FILTER))
         reply = dwn.process_message(args.tenant or identity.did, message)
         check_reply(reply, "query")
     finally:

@@ -205,7 +205,7 @@ def _progress_options(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--overwrite", action="store_true", help="replace an earlier result in --out")
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(sub: argparse._SubParsersAction[Any]) -> None:
     """Add ``export`` and the ``pipeline`` group to the ``p2psync`` sub-command parsers."""
 
     def add(parent: Any, name: str, fn: Callable[[argparse.Namespace], int], help_: str) -> argparse.ArgumentParser:

@@ -76,10 +76,10 @@ def run(args: argparse.Namespace) -> int:
     """Run the seeds ``args`` name; 0 when every one converged, 1 otherwise, 2 for bad options."""
     out = sys.stdout
     if not 2 <= args.peers <= 6:
-        print("sim: --peers must be 2 to 6", file=sys.stderr)
+        print("p2psync sim: --peers must be 2 to 6", file=sys.stderr)
         return 2
     if args.trace and args.seed is None:
-        print("sim: --trace needs --seed S", file=sys.stderr)
+        print("p2psync sim: --trace needs --seed S", file=sys.stderr)
         return 2
     config = SimConfig(peers=args.peers, steps=args.steps, topology=args.topology, ops=args.ops, faults=args.faults)
     seeds = [args.seed] if args.seed is not None else list(range(args.seed_start, args.seed_start + args.seeds))
