@@ -205,7 +205,9 @@ def test_second_device_pulls_and_replicas_match(tmp_path: Path, capsys: pytest.C
         code, out, err = run(capsys, b, "sync", served.url, "--pull", "--json", "--progress", "--verbose")
         assert code == 0, err
         # --verbose: state changes, each on a line of its own (the bar is lifted around it)
-        assert any(line.startswith("p2psync: link ") and "-> live" in line for line in re.split(r"[\r\n]", err))
+        # each with the time it happened
+        assert any(re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} p2psync: link ", line) and "-> live" in line
+                   for line in re.split(r"[\r\n]", err))
         summary = json.loads(out)  # stdout holds the JSON object and nothing else
         assert summary["tenant"] == did
         assert summary["remote"] == f"{did}?storeId={served.store_id}"

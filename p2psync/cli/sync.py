@@ -159,7 +159,8 @@ def log_to_stderr(verbose: bool, stream: TextIO | None = None, *, level: str | N
     pytest's) logging stays as it was."""
     logger = logging.getLogger("p2psync")
     handler = _BarSafeHandler(stream if stream is not None else sys.stderr)
-    handler.setFormatter(logging.Formatter("p2psync: %(message)s"))
+    # A time on every line (issue #16): a node's log is read long after, beside other machines'.
+    handler.setFormatter(logging.Formatter("%(asctime)s.%(msecs)03d p2psync: %(message)s", "%Y-%m-%d %H:%M:%S"))
     previous = logger.level
     logger.addHandler(handler)
     if level is not None:
