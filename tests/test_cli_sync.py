@@ -500,3 +500,14 @@ def test_continuous_sync_follows_new_writes_until_stopped(tmp_path: Path,
         assert stopped["stopped"] is True and stopped["pull"]["messages"] >= 1
     [link] = run_json(capsys, b, "status", "--json")["links"]
     assert link["tenantDid"] == did and link["frontier"]["pull"] is not None
+
+
+def test_retries_are_logged_with_the_time_and_the_url(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    home = tmp_path / "a"
+    assert run(capsys, home, "init")[0] == 0
+    url = f"ws://127.0.0.1:{free_port()}/_p2psync"
+    code, _, err = run(capsys, home, "sync", url, "-v")
+    assert code == 1 and err.splitlines()[-1].startswith(f"p2psync: cannot connect to {url}")
+    retries = [line for line in err.splitlines() if " p2psync: sync with " in line]
+    assert retries and all(re.match(rf"\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{{3}} p2psync: sync with {re.escape(url)}: ",
+                                     line) for line in retries), err

@@ -294,7 +294,8 @@ class Peer:
                 delay = delay * (0.5 + self._rng.random() / 2)  # equal jitter: never a synchronized herd
                 if after is not None:
                     delay = max(delay, float(after))
-                label = round_.remote or (target if isinstance(target, str) else "the peer")  # not a function's repr
+                # a URL when one is known, never a function's repr
+                label = round_.remote or (target if isinstance(target, str) else getattr(target, "url", "the peer"))
                 log.info("sync with %s: %s; retrying in %.1f s", label, exc, delay)
                 if self._retry_requests == requests:
                     with trio.move_on_after(delay):
@@ -341,14 +342,25 @@ class Peer:
         )
 
 
+class _Dialer:
+    """What :func:`dialer` returns: a connector that knows its URL (for log lines)."""
+
+    def __init__(self, url: str, pin: str | None) -> None:
+        self.url = url
+        self.pin = pin
+
+    def __call__(self, handlers: dict[str, Any]) -> AbstractAsyncContextManager[blip.Connection]:
+        return blip.connect(self.url, app_id=APP_ID, handlers=handlers, pin=self.pin,
+                            max_message_size=PRE_HELLO_MAX_MESSAGE)
+
+    def __repr__(self) -> str:
+        return self.url
+
+
 def dialer(url: str, *, pin: str | None = None) -> Connector:
     """A connector to the peer at ``url`` (``wss://`` or ``ws://``), for :meth:`Peer.sync` and
     the other active calls; ``pin``: the fingerprint the server's TLS certificate must have."""
-
-    def connect(handlers: dict[str, Any]) -> AbstractAsyncContextManager[blip.Connection]:
-        return blip.connect(url, app_id=APP_ID, handlers=handlers, pin=pin, max_message_size=PRE_HELLO_MAX_MESSAGE)
-
-    return connect
+    return _Dialer(url, pin)
 
 
 class _Round:
