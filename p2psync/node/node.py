@@ -743,7 +743,7 @@ def peer_json(peer: PeerSeenLike) -> dict[str, Any]:
         "name": peer.name, "url": peer.url(), "addresses": list(peer.addresses), "port": peer.port,
         "did": peer.did, "storeId": peer.sid, "tenants": None if peer.tenants_hashed else sorted(peer.tenants),
         "private": bool(peer.tenants_hashed), "capabilities": sorted(peer.capabilities or ()), "lastSeen": last_seen,
-        "fingerprint": getattr(peer, "fingerprint", None),
+        "fingerprint": peer.fingerprint,
     }
 
 
