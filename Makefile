@@ -1,15 +1,22 @@
 # Every target bootstraps what it needs: a local .venv, the pinned npm packages of interop/,
 # and (for the tests) Debian's tshark and a Java runtime. Nothing has to be installed by hand first.
 PY      := .venv/bin/python
+BASE    := .venv/.installed-base
 VENV    := .venv/.installed
 NODE    := interop/node_modules/.installed
 SYSDEPS := .venv/.sysdeps
 
 .PHONY: demo test bench lint imports typecheck clean
 
-$(VENV): pyproject.toml
+# Two stages: the demo needs only p2psync's own dependencies (~85 MB); the tests add the
+# pipeline's Spark stack and the tools (~1 GB), installed the first time a target needs them.
+$(BASE): pyproject.toml
 	python3 -m venv .venv
 	.venv/bin/pip install -q --upgrade pip
+	.venv/bin/pip install -q -e .
+	touch $@
+
+$(VENV): $(BASE)
 	.venv/bin/pip install -q -e '.[test]'
 	touch $@
 
@@ -34,7 +41,7 @@ $(SYSDEPS): $(VENV)
 	fi
 	touch $@
 
-demo: $(VENV)
+demo: $(BASE)
 	$(PY) -m p2psync demo
 
 test: $(VENV) $(NODE) $(SYSDEPS)

@@ -60,3 +60,22 @@ def test_every_command_module_loads_without_the_pipeline_extra() -> None:
     root = Path(__file__).resolve().parent.parent
     done = subprocess.run([sys.executable, "-c", blocker], cwd=root, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+def test_make_demo_installs_only_what_the_demo_needs(tmp_path: Path) -> None:
+    """On a fresh machine `make demo` installs p2psync alone (~85 MB), not the test and Spark
+    stack (~1 GB); `make test` adds the extras. Read from make's dry run in a bare copy."""
+    root = Path(__file__).resolve().parent.parent
+    for name in ("Makefile", "pyproject.toml", "interop/package.json", "interop/package-lock.json"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_bytes((root / name).read_bytes())
+
+    def planned(target: str) -> str:
+        done = subprocess.run(["make", "-n", target], cwd=tmp_path, capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    demo = planned("demo")
+    assert "pip install -q -e ." in demo and "-m p2psync demo" in demo
+    assert "[test]" not in demo and "[pipeline]" not in demo and "npm" not in demo
+    assert "pip install -q -e '.[test]'" in planned("test")
