@@ -12,10 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import (
-    Ed25519PrivateKey,
-    Ed25519PublicKey,
-)
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import (
     Encoding,
     NoEncryption,
@@ -23,6 +20,7 @@ from cryptography.hazmat.primitives.serialization import (
     PublicFormat,
 )
 
+from p2psync.dwn.ed25519 import did_key_point_is_valid
 from p2psync.dwn.encoding import b64url_decode, b64url_encode, json_compact
 from p2psync.dwn.errors import DwnError
 
@@ -82,6 +80,10 @@ def resolve(did: str) -> tuple[VerificationMethod, ...]:
             return ()
         if len(raw) != 34 or raw[:2] != _ED25519_PUB_MULTICODEC:
             return ()
+        # The reference's resolver validates the key (@web5/crypto validatePublicKey) and
+        # resolves no document for y >= p, x = 0 with the sign bit, a non-point or the identity.
+        if not did_key_point_is_valid(raw[2:]):
+            return ()
         return (VerificationMethod(f"{did}#{ident}", public_jwk(raw[2:])),)
     if did.startswith("did:jwk:"):
         ident = did[len("did:jwk:") :]
@@ -94,8 +96,11 @@ def resolve(did: str) -> tuple[VerificationMethod, ...]:
 
 
 @functools.lru_cache(maxsize=4096)
-def verification_key(kid: str) -> Ed25519PublicKey:
-    """The Ed25519 public key that ``kid`` names, or 401 as the reference refuses it.
+def verification_key(kid: str) -> bytes:
+    """The raw Ed25519 public key (32 bytes) that ``kid`` names, or 401 as the reference refuses it.
+
+    The bytes are not checked to be a point: the reference's verifier decides that
+    (:mod:`p2psync.dwn.ed25519`).
 
     Cached: a did:key or did:jwk document is a function of the DID, so a kid's key never changes.
     """
@@ -111,15 +116,17 @@ def verification_key(kid: str) -> Ed25519PublicKey:
 
 
 @functools.lru_cache(maxsize=4096)
-def _ed25519_from_jwk(jwk_json: str) -> Ed25519PublicKey:
+def _ed25519_from_jwk(jwk_json: str) -> bytes:
     jwk = json.loads(jwk_json)
     if not isinstance(jwk, dict) or jwk.get("kty") != "OKP" or jwk.get("crv") != "Ed25519":
         raise DwnError("Ed25519InvalidJwk", "invalid jwk. kty MUST be OKP. crv MUST be Ed25519", 401)
     try:
         raw = b64url_decode(jwk.get("x", ""))
-        return Ed25519PublicKey.from_public_bytes(raw)
     except (DwnError, ValueError) as exc:
         raise DwnError("Ed25519InvalidJwk", "invalid Ed25519 public key", 401) from exc
+    if len(raw) != 32:
+        raise DwnError("Ed25519InvalidJwk", "invalid Ed25519 public key", 401)
+    return raw
 
 
 @dataclass(frozen=True)

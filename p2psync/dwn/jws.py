@@ -9,8 +9,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from cryptography.exceptions import InvalidSignature
-
+from p2psync.dwn import ed25519
 from p2psync.dwn.did import Identity, verification_key
 from p2psync.dwn.encoding import b64url_decode, b64url_encode, b64url_json, json_compact
 from p2psync.dwn.errors import DwnError
@@ -69,11 +68,16 @@ def _verify_entry(protected: str, payload: str, signature: str) -> str:
     key = verification_key(kid)
     did = kid.split("#", 1)[0]
     try:
-        key.verify(b64url_decode(signature), f"{protected}.{payload}".encode())
-    except (InvalidSignature, DwnError, ValueError) as exc:
+        signature_bytes = b64url_decode(signature)
+    except DwnError as exc:
         raise DwnError(
             "GeneralJwsVerifierInvalidSignature", f"Signature verification failed for {did}", 401
         ) from exc
+    # The reference refuses (false) or throws; both end in its handlers' 401.
+    outcome, thrown = ed25519.outcome(key, signature_bytes, f"{protected}.{payload}".encode())
+    if outcome is not ed25519.Outcome.ACCEPT:
+        why = f" ({thrown})" if thrown else ""
+        raise DwnError("GeneralJwsVerifierInvalidSignature", f"Signature verification failed for {did}{why}", 401)
     return did
 
 

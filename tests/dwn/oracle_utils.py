@@ -42,3 +42,23 @@ def run_oracle(mode: str, request: Any) -> Any:
     if done.returncode != 0:
         raise AssertionError(f"oracle {mode} failed: {done.stderr.decode(errors='replace')}")
     return json.loads(done.stdout)
+
+
+def run_ed25519_oracle(mode: str, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The reference's Ed25519 verdicts (``interop/ed25519_oracle.mjs``), one per request, in
+    one Node process.
+    """
+    lines = "".join(json.dumps(r) + "\n" for r in requests)
+    done = subprocess.run(
+        ["node", "ed25519_oracle.mjs", mode],
+        cwd=INTEROP_DIR,
+        input=lines.encode("ascii"),
+        capture_output=True,
+        timeout=ORACLE_TIMEOUT_SECONDS,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise AssertionError(f"ed25519 oracle {mode} failed: {done.stderr.decode(errors='replace')}")
+    answers = [json.loads(line) for line in done.stdout.decode().splitlines()]
+    assert len(answers) == len(requests), "the oracle must answer every request"
+    return answers

@@ -1,0 +1,249 @@
+"""Ed25519 verification that accepts and refuses exactly what the reference DWN does, fast.
+
+The reference (dwn-sdk-js 0.5.2) verifies with ``@noble/ed25519`` 2.0.0 ``verifyAsync``. Its
+rule, which :func:`reference_outcome` restates in pure Python, differs from RFC 8032's strict
+verifiers (OpenSSL behind ``cryptography``, libsodium behind PyNaCl):
+
+- A and R are decoded leniently (ZIP-215 style): any 255-bit y, even ``y >= p``, and x = 0 with
+  the sign bit set; a y with no square root *throws* ("bad y coordinate 3"), as do a signature
+  that is not 64 bytes and a key that is not 32 ("Uint8Array expected").
+- S must be below L, else it throws ("invalid scalar, must be < L"); S = 0 is allowed.
+- k = SHA-512(enc(R) ‖ enc(A) ‖ M) mod L over the points *re-encoded*: canonically, and the
+  identity as 32 zero bytes (noble's ``toAffine`` maps the identity to (0, 0)), not the bytes sent.
+- The equation is cofactored: [8]([S]B − R − [k]A) = identity. Small-order and mixed-order A
+  and R are fine.
+
+A throw is a refusal too: every handler answers ``messageReplyFromError(e, 401)`` around
+``authenticate``, so the reply is 401 either way (only the detail text differs).
+
+**The fast path and why it is exact.** Call an encoding *plain* when its y (the low 255 bits)
+is below p and is neither 1 nor p − 1 (so it is canonical, x = 0 with the sign bit cannot occur,
+and it is not the identity). When A and R are plain and S < L:
+
+1. libsodium accepts ⇒ the reference accepts. libsodium checks S < L and compares the canonical
+   encoding of [S]B − [k]A with R's bytes, k taken over the bytes sent; so R = [S]B − [k]A.
+   The reference decodes A and R to the same points and re-encodes them to the same bytes
+   (plain), so its k is the same, and [8]·identity = identity.
+2. libsodium refuses, and A and R are both in the prime-order subgroup (libsodium's
+   ``crypto_core_ed25519_is_valid_point``: canonical, on the curve, torsion-free, not of small
+   order) ⇒ the reference refuses. X = [S]B − R − [k]A is then in the prime-order subgroup,
+   where [8]X = identity only if X = identity (8 is prime to L), which is exactly libsodium's
+   test with R canonical; so libsodium refused because X ≠ identity.
+
+Everything else — a non-plain encoding, S ≥ L, a wrong length, a refusal with a torsion
+component in A or R — goes to the pure-Python rule. Honest traffic never gets there; a refusal
+costs one more subgroup check of R (A's is cached per key). A peer can force the slow path with
+a crafted R (about 3 ms a signature here against ~55 µs) — bounded, and every refusal closes the
+message; the reference itself spends milliseconds on every verify.
+
+:func:`did_key_point_is_valid` is the other rule the reference applies to keys: a ``did:key``
+resolves only if its key passes ``@noble/curves`` strict decoding and ``assertValidity``.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import hashlib
+
+import nacl.bindings
+from nacl.exceptions import BadSignatureError
+
+P = 2**255 - 19
+L = 2**252 + 27742317777372353535851937790883648493  # the prime order of the base point
+_D = -121665 * pow(121666, -1, P) % P
+_D2 = 2 * _D % P
+_SQRT_M1 = pow(2, (P - 1) // 4, P)
+_Y_MASK = (1 << 255) - 1
+_BY = 4 * pow(5, -1, P) % P
+
+# noble's error messages, the reply detail the reference gives when it throws.
+THROW_LENGTH = "Uint8Array expected"
+THROW_BAD_Y = "bad y coordinate 3"
+THROW_SCALAR = "invalid scalar, must be < L"
+
+
+class Outcome(enum.Enum):
+    """What ``@noble/ed25519`` ``verifyAsync`` does with a signature."""
+
+    ACCEPT = "accept"
+    REFUSE = "refuse"  # returns false
+    THROW = "throw"  # throws an Error; the DWN answers 401 as for a refusal
+
+
+# Extended coordinates (X, Y, Z, T), x = X/Z, y = Y/Z, xy = T/Z.
+_Point = tuple[int, int, int, int]
+_IDENTITY: _Point = (0, 1, 1, 0)
+
+
+def _add(p: _Point, q: _Point) -> _Point:
+    x1, y1, z1, t1 = p
+    x2, y2, z2, t2 = q
+    a = (y1 - x1) * (y2 - x2) % P
+    b = (y1 + x1) * (y2 + x2) % P
+    c = t1 * _D2 * t2 % P
+    d = 2 * z1 * z2 % P
+    e, f, g, h = b - a, d - c, d + c, b + a
+    return (e * f % P, g * h % P, f * g % P, e * h % P)
+
+
+def _double(p: _Point) -> _Point:
+    x1, y1, z1, _ = p
+    a = x1 * x1 % P
+    b = y1 * y1 % P
+    c = 2 * z1 * z1 % P
+    h = a + b
+    e = h - (x1 + y1) * (x1 + y1)
+    g = a - b
+    f = c + g
+    return (e * f % P, g * h % P, f * g % P, e * h % P)
+
+
+def _negate(p: _Point) -> _Point:
+    return (-p[0] % P, p[1], p[2], -p[3] % P)
+
+
+def _is_identity(p: _Point) -> bool:
+    return p[0] % P == 0 and (p[1] - p[2]) % P == 0
+
+
+def _affine(x: int, y: int) -> _Point:
+    return (x, y, 1, x * y % P)
+
+
+def _recover_x(y: int, sign: int) -> int | None:
+    """The x with that sign bit for y (mod p), or None when y is not on the curve.
+
+    x = 0 with the sign bit set gives 0, as noble's lenient decoder does (``mod(-0)``).
+    """
+    y2 = y * y % P
+    u, v = (y2 - 1) % P, (_D * y2 + 1) % P
+    x2 = u * pow(v, P - 2, P) % P
+    x = pow(x2, (P + 3) // 8, P)
+    if (x * x - x2) % P:
+        x = x * _SQRT_M1 % P
+        if (x * x - x2) % P:
+            return None
+    if x & 1 != sign:
+        x = -x % P
+    return x
+
+
+_B: _Point = _affine(_recover_x(_BY, 0) or 0, _BY)
+
+
+def _decode_lenient(encoded: bytes) -> _Point | None:
+    """noble/ed25519 2.0.0 ``Point.fromHex(bytes, false)``: any 255-bit y."""
+    n = int.from_bytes(encoded, "little")
+    y = (n & _Y_MASK) % P
+    x = _recover_x(y, n >> 255)
+    return None if x is None else _affine(x, y)
+
+
+def _encode_as_reference(p: _Point) -> bytes:
+    """noble's ``toRawBytes``: canonical, except that the identity is 32 zero bytes."""
+    if _is_identity(p):
+        return bytes(32)
+    x, y, z, _ = p
+    zi = pow(z, P - 2, P)
+    x, y = x * zi % P, y * zi % P
+    return (y | (x & 1) << 255).to_bytes(32, "little")
+
+
+def _double_scalar_mul(s: int, k: int, a: _Point) -> _Point:
+    """[s]B + [k]A, one shared ladder (Straus)."""
+    both = _add(_B, a)
+    acc = _IDENTITY
+    for bit in range(max(s.bit_length(), k.bit_length()) - 1, -1, -1):
+        acc = _double(acc)
+        sb, kb = s >> bit & 1, k >> bit & 1
+        if sb and kb:
+            acc = _add(acc, both)
+        elif sb:
+            acc = _add(acc, _B)
+        elif kb:
+            acc = _add(acc, a)
+    return acc
+
+
+def reference_outcome(public_key: bytes, signature: bytes, message: bytes) -> tuple[Outcome, str]:
+    """The reference's verdict by its own rule, in pure Python (milliseconds: the slow path).
+
+    Returns the outcome and, for ``THROW``, noble's error message (else "").
+    """
+    if len(signature) != 64 or len(public_key) != 32:
+        return Outcome.THROW, THROW_LENGTH
+    a = _decode_lenient(public_key)
+    if a is None:
+        return Outcome.THROW, THROW_BAD_Y
+    r = _decode_lenient(signature[:32])
+    if r is None:
+        return Outcome.THROW, THROW_BAD_Y
+    s = int.from_bytes(signature[32:], "little")
+    if s >= L:
+        return Outcome.THROW, THROW_SCALAR
+    digest = hashlib.sha512(_encode_as_reference(r) + _encode_as_reference(a) + message).digest()
+    k = int.from_bytes(digest, "little") % L
+    # [8]([S]B − R − [k]A) = identity, computed as [8]([S]B + [k](−A) − R).
+    x = _add(_double_scalar_mul(s, k, _negate(a)), _negate(r))
+    x = _double(_double(_double(x)))
+    return (Outcome.ACCEPT if _is_identity(x) else Outcome.REFUSE), ""
+
+
+def _is_plain(encoded: bytes) -> bool:
+    y = int.from_bytes(encoded, "little") & _Y_MASK
+    return y < P and y != 1 and y != P - 1
+
+
+@functools.lru_cache(maxsize=4096)
+def _key_in_prime_subgroup(public_key: bytes) -> bool:
+    # A key signs many messages: one scalar multiplication per key, not per refusal.
+    return bool(nacl.bindings.crypto_core_ed25519_is_valid_point(public_key))
+
+
+def outcome(public_key: bytes, signature: bytes, message: bytes) -> tuple[Outcome, str]:
+    """What the reference does with this signature: libsodium where that is provably the same
+    answer (see the module docstring), the pure-Python rule elsewhere.
+    """
+    if (
+        len(signature) == 64
+        and len(public_key) == 32
+        and int.from_bytes(signature[32:], "little") < L
+        and _is_plain(public_key)
+        and _is_plain(signature[:32])
+    ):
+        try:
+            nacl.bindings.crypto_sign_open(signature + message, public_key)
+        except BadSignatureError:
+            if _key_in_prime_subgroup(public_key) and nacl.bindings.crypto_core_ed25519_is_valid_point(
+                signature[:32]
+            ):
+                return Outcome.REFUSE, ""
+        else:
+            return Outcome.ACCEPT, ""
+    return reference_outcome(public_key, signature, message)
+
+
+def verify(public_key: bytes, signature: bytes, message: bytes) -> bool:
+    """True when the reference DWN accepts the signature (it refuses or throws otherwise)."""
+    return outcome(public_key, signature, message)[0] is Outcome.ACCEPT
+
+
+@functools.lru_cache(maxsize=4096)
+def did_key_point_is_valid(public_key: bytes) -> bool:
+    """Whether a ``did:key``'s Ed25519 key resolves in the reference (``@web5/crypto``
+    ``Ed25519.validatePublicKey``: ``@noble/curves`` strict ``fromHex`` + ``assertValidity``).
+
+    Strict decoding refuses y ≥ p and x = 0 with the sign bit set; ``assertValidity`` refuses
+    the identity. Other small-order and mixed-order points pass.
+    """
+    if len(public_key) != 32:
+        return False
+    n = int.from_bytes(public_key, "little")
+    y = n & _Y_MASK
+    if y >= P:
+        return False
+    x = _recover_x(y, n >> 255)
+    if x is None or (x == 0 and n >> 255):
+        return False
+    return not (x == 0 and y == 1)
