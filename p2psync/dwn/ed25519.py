@@ -33,8 +33,8 @@ and it is not the identity). When A and R are plain and S < L:
 Everything else — a non-plain encoding, S ≥ L, a wrong length, a refusal with a torsion
 component in A or R — goes to the pure-Python rule. Honest traffic never gets there; a refusal
 costs one more subgroup check of R (A's is cached per key). A peer can force the slow path with
-a crafted R (about 3 ms a signature here against ~55 µs) — bounded, and every refusal closes the
-message; the reference itself spends milliseconds on every verify.
+a crafted R or key: ~1.9 ms a signature here against ~57 µs (docs/benchmarks.md). That is
+bounded per message, and the reference itself spends milliseconds on every verify.
 
 :func:`did_key_point_is_valid` is the other rule the reference applies to keys: a ``did:key``
 resolves only if its key passes ``@noble/curves`` strict decoding and ``assertValidity``.
