@@ -186,11 +186,12 @@ def show_lines(history: RecordHistory) -> list[str]:
         who = "" if e.author == history.tenant else f"  author {e.author}"
         status = STATUS_TEXT[e.status] + (f" {e.by}" if e.by else "")
         if e.conflict:
-            status += " (conflict: another store's newer write won)"
+            status += " (another store's newer write won)"
         lines.append(f"  {e.timestamp}  {e.cid}  {what}  {_origin(e.origin)}{who}  -> {status}")
     conflicts = history.conflicts
     if conflicts:
-        lines.append(f"{len(conflicts)} write(s) lost to another store's: their data is kept in the archive only")
+        lines.append(f"{len(conflicts)} write(s) lost to another store's newer write (newest wins; a DWN write names "
+                     "no parent, so a concurrent update and a later edit there look alike); the archive keeps them")
     return lines
 
 
