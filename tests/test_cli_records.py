@@ -82,6 +82,13 @@ def test_update_delete_prune_and_a_conflict_replicate(tmp_path: Path, capsys: py
         mine = run_json(capsys, a, "update", rid, "--data", "from a")
         theirs = run_json(capsys, b, "update", rid, "--data", "from b")
         assert mine["dateModified"] < theirs["dateModified"]
+        # diff names the record behind the difference, each side's update and its time.
+        code, out, _ = run(capsys, b, "diff", url)
+        assert code == 3 and out.startswith("you lack 1, they lack 1 ")
+        rows = {line.split()[-1]: line for line in out.splitlines()[1:]}
+        assert rid in rows[mine["messageCid"]] and mine["dateModified"] in rows[mine["messageCid"]]
+        assert rows[mine["messageCid"]].split()[:3] == ["you", "lack", "RecordsWrite"]
+        assert rid in rows[theirs["messageCid"]] and rows[theirs["messageCid"]].lstrip().startswith("they lack")
         sync(capsys, b, url)
         assert read(capsys, a, rid) == read(capsys, b, rid) == "from b"
         on_a, on_b = show(capsys, a, rid), show(capsys, b, rid)
