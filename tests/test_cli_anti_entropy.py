@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import queue
+import re
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -49,11 +50,13 @@ def diverged(tmp_path: Path, capsys: pytest.CaptureFixture[str], url: str, a: Pa
 
 
 def message_lines(out: str) -> dict[str, tuple[str, ...]]:
-    """diff's lines about messages: {CID: (side, kind, recordId, protocol)}."""
+    """diff's lines about messages: {CID: (side, kind, recordId, protocol)}; each names the
+    message's timestamp (a write's dateModified) before its CID."""
     rows = {}
     for line in out.splitlines()[1:]:
         side, rest = line[:13].strip(), line[13:].split()
-        rows[rest[-1]] = (side, *rest[:-1])
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", rest[-2]), line
+        rows[rest[-1]] = (side, *rest[:-2])
     return rows
 
 
@@ -87,7 +90,7 @@ def test_diff_names_the_missing_messages_then_sync_repair_moves_exactly_those(
         assert [d["cid"] for d in summary["remoteOnly"]] == sorted(a_new)
         assert [d["cid"] for d in summary["localOnly"]] == sorted(b_new)
         assert {d["cid"]: d["recordId"] for d in summary["remoteOnly"] + summary["localOnly"]} == {**a_new, **b_new}
-        assert all(d["kind"] == "RecordsWrite" and "protocol" not in d
+        assert all(d["kind"] == "RecordsWrite" and "protocol" not in d and "messageTimestamp" in d
                    for d in summary["remoteOnly"] + summary["localOnly"])
         assert 1 <= summary["roundTrips"] <= 2 and 0 < summary["bytes"] < 4096
         assert "fetched" not in summary and "pushed" not in summary

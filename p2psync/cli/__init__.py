@@ -37,6 +37,7 @@ from p2psync.cli.local import (
     cmd_write,
 )
 from p2psync.cli.pipeline import register as register_pipeline
+from p2psync.cli.records import cmd_delete, cmd_show, cmd_update
 from p2psync.cli.repair import cmd_repair
 from p2psync.cli.sync import add_transport_flags, cmd_grant_sync, cmd_peers, cmd_serve, cmd_status
 from p2psync.cli.tools import cmd_blip_echo, cmd_demo, cmd_dwn_pipe, cmd_sim
@@ -47,6 +48,8 @@ __all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "NODE_STATUS_FILE", "CliError
 
 
 # --------------------------------------------------------------------------- parser
+
+_TAG_HELP = "a tag: K=V for a string, K:=JSON for a number, boolean or list (repeat)"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -92,8 +95,41 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--parent-context-id")
     sp.add_argument("--recipient")
     sp.add_argument("--published", action="store_true")
+    sp.add_argument("--tag", action="append", metavar="K=V", help=_TAG_HELP)
     sp.add_argument("--tenant", help="write to another tenant's DWN (default: your own)")
     sp.add_argument("--store")
+
+    sp = add("update", cmd_update, "write a new version of a record: new data (--data, --file or stdin), "
+             "tags, published; its protocol, path, schema, context and recipient stay")
+    sp.add_argument("record_id")
+    src = sp.add_mutually_exclusive_group()
+    src.add_argument("--data", help="the new data, as text")
+    src.add_argument("--file", help="read the new data from a file")
+    src.add_argument("--keep-data", action="store_true", help="keep the current data (change tags, "
+                     "published or format only)")
+    sp.add_argument("--data-format", help="a new data format (default: the current one)")
+    sp.add_argument("--tag", action="append", metavar="K=V", help=_TAG_HELP + "; replaces all the record's "
+                    "tags (default: keep them)")
+    pub = sp.add_mutually_exclusive_group()
+    pub.add_argument("--published", dest="published", action="store_const", const=True, default=None,
+                     help="publish the record")
+    pub.add_argument("--unpublished", dest="published", action="store_const", const=False,
+                     help="unpublish the record")
+    sp.add_argument("--tenant", help="the tenant whose record it is (default: your own)")
+    sp.add_argument("--store")
+
+    sp = add("delete", cmd_delete, "delete a record (--prune: and every record under it)")
+    sp.add_argument("record_id")
+    sp.add_argument("--prune", action="store_true", help="delete its descendants too (a protocol's nested records)")
+    sp.add_argument("--tenant", help="the tenant whose record it is (default: your own)")
+    sp.add_argument("--store")
+
+    sp = add("show", cmd_show, "a record's history: its writes and deletes, which is in force, which lost, "
+             "where each came from (deleted records too)")
+    sp.add_argument("record_id")
+    sp.add_argument("--tenant", help="the tenant whose record it is (default: your own)")
+    sp.add_argument("--store")
+    sp.add_argument("--json", action="store_true", help="machine-readable output")
 
     sp = add("read", cmd_read, "read a record's data by recordId")
     sp.add_argument("record_id")
@@ -104,6 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("query", cmd_query, "list records")
     for flag in ("--protocol", "--protocol-path", "--schema", "--context-id", "--recipient", "--tenant", "--store"):
         sp.add_argument(flag)
+    sp.add_argument("--include-deleted", action="store_true",
+                    help="list deleted and pruned records too (from the archive)")
     sp.add_argument("--json", action="store_true", help="machine-readable output")
 
     sp = add("serve", cmd_serve, "run this node until Ctrl-C: serve peers, and with a configuration advertise "

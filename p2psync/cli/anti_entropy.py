@@ -61,16 +61,16 @@ def _difference_line(summary: ReconcileSummary) -> str:
 
 
 def _message_lines(summary: ReconcileSummary) -> list[str]:
-    """One line a message concerned: side, kind, recordId, protocol, CID (``-`` when absent),
-    in columns, what this replica lacks first."""
+    """One line a message concerned: side, kind, recordId, protocol, messageTimestamp (a
+    write's dateModified), CID (``-`` when absent), in columns, what this replica lacks first.
+    ``p2psync show RECORD`` then tells a record's history here."""
     rows = [("you lack", d) for d in summary.remote_only] + [("they lack", d) for d in summary.local_only]
     if not rows:
         return []
-    width = max(len(str(d.get("kind", "-"))) for _, d in rows)
-    record_width = max(len(str(d.get("recordId", "-"))) for _, d in rows)
-    protocol_width = max(len(str(d.get("protocol", "-"))) for _, d in rows)
-    return [f"  {side:<9}  {str(d.get('kind', '-')):<{width}}  {str(d.get('recordId', '-')):<{record_width}}  "
-            f"{str(d.get('protocol', '-')):<{protocol_width}}  {d['cid']}" for side, d in rows]
+    columns = ("kind", "recordId", "protocol", "messageTimestamp")
+    widths = {c: max(len(str(d.get(c, "-"))) for _, d in rows) for c in columns}
+    return [f"  {side:<9}  " + "  ".join(f"{str(d.get(c, '-')):<{widths[c]}}" for c in columns) + f"  {d['cid']}"
+            for side, d in rows]
 
 
 def diff_lines(summary: ReconcileSummary) -> list[str]:

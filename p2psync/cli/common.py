@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from p2psync.cli.home import Home, HomeError, default_home
 from p2psync.dwn.did import Identity
@@ -26,6 +28,8 @@ __all__ = [
     "open_node",
     "open_store",
     "print_json",
+    "read_data",
+    "authored",
 ]
 
 EXIT_OK: Final = 0
@@ -87,3 +91,27 @@ def check_reply(reply: Any, what: str) -> None:
 
 def print_json(value: Any) -> None:
     print(json.dumps(value, indent=2, sort_keys=False))
+
+
+def read_data(args: argparse.Namespace) -> bytes:
+    """The data of ``--data`` (text), ``--file`` or else stdin."""
+    if args.data is not None:
+        return str(args.data).encode("utf-8")
+    if args.file is not None:
+        try:
+            return Path(args.file).read_bytes()
+        except OSError as exc:
+            raise CliError(f"cannot read {args.file}: {exc.strerror}") from None
+    return sys.stdin.buffer.read()
+
+
+_T = TypeVar("_T")
+
+
+def authored(make: Callable[[], _T]) -> _T:
+    """A message authored from the command line; one the DWN rules refuse is a one-line error
+    with the reference's code (e.g. an invalid --schema URL), not a traceback."""
+    try:
+        return make()
+    except DwnError as exc:
+        raise CliError(f"cannot author the message: {exc}") from None

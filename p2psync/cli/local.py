@@ -6,21 +6,23 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
 from p2psync.cli.common import (
     EXIT_FAILED,
     EXIT_OK,
     CliError,
+    authored,
     check_reply,
     home_of,
     open_node,
     open_store,
     print_json,
+    read_data,
 )
 from p2psync.cli.home import HomeError
+from p2psync.cli.records import parse_tags
 from p2psync.dwn.did import Identity
 from p2psync.dwn.encoding import message_cid
 from p2psync.dwn.engine import Dwn
@@ -30,34 +32,12 @@ from p2psync.dwn.records import ALL_RECORDS_FILTER, create_records_query, create
 from p2psync.dwn.records_write import RecordsWrite
 from p2psync.dwn.store import Store
 from p2psync.state.digest import store_digest
+from p2psync.state.records import removed_records
 
 __all__ = [
     "cmd_init", "cmd_protocol_install", "cmd_query", "cmd_read", "cmd_store_digest", "cmd_store_verify", "cmd_whoami",
     "cmd_tls_rotate", "cmd_tls_show", "cmd_write",
 ]
-
-
-def _read_data(args: argparse.Namespace) -> bytes:
-    if args.data is not None:
-        return str(args.data).encode("utf-8")
-    if args.file is not None:
-        try:
-            return Path(args.file).read_bytes()
-        except OSError as exc:
-            raise CliError(f"cannot read {args.file}: {exc.strerror}") from None
-    return sys.stdin.buffer.read()
-
-
-_T = TypeVar("_T")
-
-
-def _authored(make: Callable[[], _T]) -> _T:
-    """A message authored from the command line; one the DWN rules refuse is a one-line error
-    with the reference's code (e.g. an invalid --schema URL), not a traceback."""
-    try:
-        return make()
-    except DwnError as exc:
-        raise CliError(f"cannot author the message: {exc}") from None
 
 
 def cmd_init(args: argparse.Namespace) -> int:
@@ -175,10 +155,11 @@ def _protocol_flags(args: argparse.Namespace) -> None:
 
 def cmd_write(args: argparse.Namespace) -> int:
     _protocol_flags(args)
-    data = _read_data(args)
+    tags = parse_tags(args.tag)
+    data = read_data(args)
     identity, dwn = open_node(args)
     try:
-        write = _authored(lambda: RecordsWrite.create(
+        write = authored(lambda: RecordsWrite.create(
             signer=identity,
             data=data,
             data_format=args.data_format,
@@ -188,6 +169,7 @@ def cmd_write(args: argparse.Namespace) -> int:
             parent_context_id=args.parent_context_id,
             recipient=args.recipient,
             published=True if args.published else None,
+            tags=tags,
         ))
         reply = dwn.process_message(args.tenant or identity.did, write.message, data)
         check_reply(reply, "write")
@@ -209,7 +191,7 @@ def cmd_write(args: argparse.Namespace) -> int:
 def cmd_read(args: argparse.Namespace) -> int:
     identity, dwn = open_node(args)
     try:
-        message = _authored(lambda: create_records_read(signer=identity, filter={"recordId": args.record_id}))
+        message = authored(lambda: create_records_read(signer=identity, filter={"recordId": args.record_id}))
         reply = dwn.process_message(args.tenant or identity.did, message)
         check_reply(reply, "read")
     finally:
@@ -234,7 +216,7 @@ def cmd_query(args: argparse.Namespace) -> int:
             flt[key] = value
     identity, dwn = open_node(args)
     try:
-        message = _authored(lambda: create_records_query(signer=identity, filter=flt or ALL_RECORDS_FILTER))
+        message = authored(lambda: create_records_query(signer=identity, filter=flt or ALL_RECORDS_FILTER))
         reply = dwn.process_message(args.tenant or identity.did, message)
         check_reply(reply, "query")
     finally:
@@ -246,12 +228,27 @@ def cmd_query(args: argparse.Namespace) -> int:
         rows.append({"recordId": e["recordId"], "messageCid": message_cid(stored), "dataSize": d["dataSize"],
                      "dataFormat": d["dataFormat"], "protocolPath": d.get("protocolPath"),
                      "dateCreated": d["dateCreated"]})
+    if args.include_deleted:
+        store = open_store(args, must_exist=True)
+        try:
+            removed = removed_records(store, args.tenant or identity.did, flt)
+        finally:
+            store.close()
+        for gone in removed:
+            d = gone.descriptor
+            rows.append({"recordId": gone.record_id, "state": gone.state, "by": gone.by, "at": gone.at,
+                         "dataFormat": d.get("dataFormat"), "protocolPath": d.get("protocolPath"),
+                         "dateCreated": d.get("dateCreated")})
     if args.json:
         print_json(rows)
     else:
         for r in rows:
-            print(f"{r['recordId']}  {r['dataSize']:>9} B  {r['dataFormat']:<28} {r['protocolPath'] or '-'}")
-        print(f"{len(rows)} record(s)")
+            if "state" in r:
+                print(f"{r['recordId']}  {r['state'] + ' ' + str(r['at'] or ''):<38} {r['protocolPath'] or '-'}")
+            else:
+                print(f"{r['recordId']}  {r['dataSize']:>9} B  {r['dataFormat']:<28} {r['protocolPath'] or '-'}")
+        n_gone = sum(1 for r in rows if "state" in r)
+        print(f"{len(rows) - n_gone} record(s)" + (f", {n_gone} deleted or pruned" if args.include_deleted else ""))
     return EXIT_OK
 
 

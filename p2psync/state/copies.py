@@ -112,7 +112,8 @@ class Origins:
 
     A pusher settles, without proposing, log entries that came from the very store it is
     pushing to: that store had them. Only the first arrival is kept (a message that came from
-    two stores came from the first).
+    two stores came from the first). ``p2psync show`` reads it too: where each message of a
+    record's history came from, and so which write lost to another device's.
     """
 
     def __init__(self, store: Store) -> None:
@@ -135,3 +136,14 @@ class Origins:
             (tenant, origin_store_id, *cids),
         )
         return {str(r[0]) for r in rows}
+
+    def of(self, tenant: str, cids: list[str]) -> dict[str, str]:
+        """``{cid: storeId}`` for those of ``cids`` that arrived from another store (the rest
+        were written here, or admitted by a path that keeps no origin)."""
+        if not cids:
+            return {}
+        marks = ",".join("?" * len(cids))
+        rows = self.store.conn.execute(
+            f"SELECT cid, store_id FROM peer_origins WHERE tenant=? AND cid IN ({marks})", (tenant, *cids)
+        )
+        return {str(r[0]): str(r[1]) for r in rows}

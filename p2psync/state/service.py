@@ -299,7 +299,10 @@ class StoreService:
         def apply_and_note_origin() -> ReplicationApplyResult:
             before = quotas.usage(tenant) if quotas is not None else None
             result = self.dwn.apply_replicated_message(tenant, entry.message, entry.data, cid=entry.cid)
-            if result.kind == "Applied" and origin is not None:
+            # A superseded arrival (an older update, a write after a delete) is archived too:
+            # its origin says which device's write lost (`p2psync show`). It has no log entry,
+            # so echo suppression, which reads origins of log entries, is unchanged.
+            if result.kind in ("Applied", "Superseded") and origin is not None:
                 self.origins.record(tenant, entry.cid, origin)
             if quotas is not None and before is not None:
                 quotas.admitted(tenant, payer, before)  # charged in the apply's own transaction

@@ -186,15 +186,17 @@ class SetSketches:
         return sorted(c for c in self.index.cids(*key) if coder.key(c).id in wanted)
 
     def describe(self, tenant: str, cids: Iterable[str]) -> list[dict[str, Any]]:
-        """``{cid, kind, recordId?, protocol?}`` of each held message (what ``p2psync diff``
-        prints about a difference)."""
+        """``{cid, kind, recordId?, protocol?, messageTimestamp?}`` of each held message (what
+        ``p2psync diff`` prints about a difference; a write's messageTimestamp is its
+        dateModified)."""
         tid = self.store.tenant_id(tenant, create=False)
         out: list[dict[str, Any]] = []
         if tid is None:
             return out
         for cid in cids:
             row = self.store.conn.execute(
-                "SELECT interface, method, record_id, protocol FROM messages WHERE tenant=? AND cid=?", (tid, cid)
+                "SELECT interface, method, record_id, protocol, json_extract(body, '$.descriptor.messageTimestamp')"
+                " FROM messages WHERE tenant=? AND cid=?", (tid, cid)
             ).fetchone()
             if row is None:
                 continue
@@ -203,6 +205,8 @@ class SetSketches:
                 item["recordId"] = row[2]
             if row[3]:
                 item["protocol"] = row[3]
+            if isinstance(row[4], str):
+                item["messageTimestamp"] = row[4]
             out.append(item)
         return out
 
