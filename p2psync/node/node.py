@@ -65,7 +65,7 @@ from p2psync.node.discovery_api import (
     PeerSeenLike,
     zeroconf_discovery,
 )
-from p2psync.node.links import LinkSpec, NodeLinkKey, NodeLinkState, link_state, plan_links
+from p2psync.node.links import SILENT_AFTER, LinkSpec, NodeLinkKey, NodeLinkState, link_state, plan_links
 from p2psync.node.metrics import LinkView, NodeMetrics, scope_label, serve_metrics
 from p2psync.peer.endpoint import peer_url, plain_ws_refused
 from p2psync.peer.peer import Peer
@@ -290,11 +290,13 @@ class Node:
     def link_state(self, link: NodeLink) -> NodeLinkState:
         """``link``'s state now (:func:`~p2psync.node.links.link_state`)."""
         self._learn_from_round(link)
-        connected = link.conn is not None
+        conn = link.conn
+        connected = conn is not None
         return link_state(
             running=True, connected=connected, caught_up=connected and link.caught_up_on == link.connections,
             repairing=connected and self._ledger_state(link) == LinkState.REPAIRING,
             waiting=link.gate.until is not None,
+            silent=conn is not None and trio.current_time() - conn.last_receive > SILENT_AFTER,
         )
 
     def _ledger_state(self, link: NodeLink) -> LinkState | None:

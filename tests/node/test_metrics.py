@@ -82,7 +82,8 @@ def test_hooks_ledger_events_and_exposition(tmp_path: Path) -> None:
     assert samples["sync_antientropy_bytes_total"] == [({}, 975.0)]
     labels = {"tenant": TENANT, "remote": REMOTE, "scope": "https://example.org/notes"}
     states = {s["state"]: v for s, v in samples["sync_link_state"] if s["remote"] == REMOTE}
-    assert states == {"connecting": 0, "backoff": 0, "catching-up": 0, "repairing": 1, "live": 0, "idle": 0}
+    assert states == {"connecting": 0, "backoff": 0, "unresponsive": 0, "catching-up": 0, "repairing": 1, "live": 0,
+                      "idle": 0}
     # A link with no ledger row yet has its state too, by the node's name of the peer.
     never = {s["state"]: v for s, v in samples["sync_link_state"] if s["remote"].startswith("url:")}
     assert never["backoff"] == 1 and sum(never.values()) == 1
