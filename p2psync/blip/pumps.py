@@ -91,6 +91,12 @@ class Transport(ClosableTransport):
 
     # ------------------------------------------------------------------ running
 
+    @property
+    def last_receive(self) -> float:
+        """Trio time of the last bytes from the peer (a pong counts): on a healthy connection,
+        never older than :data:`PING_INTERVAL` and a round trip."""
+        return self._last_receive
+
     async def run(
         self,
         leftover: list[Any] | None = None,

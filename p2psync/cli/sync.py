@@ -36,8 +36,9 @@ from p2psync.dwn.store import Store
 from p2psync.dwn.timeutil import is_dwn_date_time
 from p2psync.node import browse
 from p2psync.node.config import ConfigError, NodeConfig, load_config
+from p2psync.node.links import state_text
 from p2psync.node.metrics import scope_label
-from p2psync.node.node import Node, NodeError
+from p2psync.node.node import CALLERS_FILE, Node, NodeError
 from p2psync.peer.endpoint import is_loopback, plain_ws_refused
 from p2psync.peer.peer import Connector, Peer, dialer
 from p2psync.replication.scope import SyncScope
@@ -196,7 +197,8 @@ def run_serve(
     stream = out if out is not None else sys.stdout
     config = config or NodeConfig()
     try:
-        node = Node(config, store, identity, status_path=status_path, tls=tls)
+        callers = None if status_path is None else status_path.with_name(CALLERS_FILE)
+        node = Node(config, store, identity, status_path=status_path, tls=tls, callers_path=callers)
     except ConfigError as exc:
         raise CliError(str(exc)) from None
 
@@ -437,7 +439,10 @@ def status_report(store: Store, node: dict[str, Any] | None = None) -> dict[str,
     position of each direction (None: nothing applied yet), and, when ``node`` (the status
     file of a node running on this store, p2psync/node) runs that link, ``antiEntropy``: its
     last periodic check and the next, and ``fingerprint``: the peer's TLS certificate on the
-    connected round. Each copy is one checkpoint pair this store keeps for an
+    connected round. ``state`` is the link's state as the node sees it now
+    (p2psync/node/links.py: ``live`` only while connected and caught up; ``idle`` when no node
+    runs it), with the node's ``failureCount`` and ``nextAttemptAt``; the ledger's own state
+    (where the last round left it) is ``replicationState``. Each copy is one checkpoint pair this store keeps for an
     active peer that synced with it: ``{"peer", "checkpointId", "rev", "frontier"}`` (the
     peer's pull frontier is a position in this store's log). ``node``: that running node's
     ``url`` and own ``fingerprint`` (None when no node runs on this store).
@@ -449,6 +454,7 @@ def status_report(store: Store, node: dict[str, Any] | None = None) -> dict[str,
     for link in ledger.links():
         state = ledger.link_state(link.key)
         state["frontier"] = {"pull": _frontier(state["pull"]), "push": _frontier(state["push"])}
+        state["replicationState"], state["state"] = state["state"], "idle"
         for shown in running:
             if (shown.get("tenant") == link.key.tenant and shown.get("scopeId") == link.key.scope_id
                     and shown.get("storeId") and link.key.remote.endswith(f"storeId={shown['storeId']}")
@@ -456,6 +462,10 @@ def status_report(store: Store, node: dict[str, Any] | None = None) -> dict[str,
                 state["antiEntropy"] = shown["antiEntropy"]
                 if shown.get("fingerprint"):
                     state["fingerprint"] = shown["fingerprint"]
+                if isinstance(shown.get("state"), str):  # the node's view of the link it runs
+                    state["state"], state["failureCount"] = shown["state"], shown.get("failures", 0)
+                    if shown.get("nextAttemptAt"):
+                        state["nextAttemptAt"] = shown["nextAttemptAt"]
         links.append(state)
     serving = None
     if node is not None and node.get("storeId") == sid:
@@ -477,8 +487,9 @@ def status_lines(report: dict[str, Any]) -> list[str]:
         scope_text = scope["kind"] if scope["kind"] != "protocol" else f"protocol {scope.get('protocol')}"
         lines.append(f"{link['tenantDid']}  <->  {link['remoteEndpoint']}"
                      + (f"  (TLS {link['fingerprint']})" if link.get("fingerprint") else ""))
-        lines.append(f"  scope {scope_text} ({link['scopeId']}), state {link['state']}, "
-                     f"{link['failureCount']} failure(s)")
+        lines.append(f"  scope {scope_text} ({link['scopeId']}), state "
+                     + state_text(link["state"], link["failureCount"], browse.seconds_until(link.get("nextAttemptAt")))
+                     + ("" if link["state"] != "idle" else f"; the last round left it {link['replicationState']}"))
         lines.append(f"  last success {link.get('lastSuccessAt', '-')}, last failure {link.get('lastFailureAt', '-')}"
                      + (f" ({link['lastError']})" if "lastError" in link else ""))
         for direction in ("pull", "push"):

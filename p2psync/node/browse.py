@@ -14,9 +14,10 @@ from typing import Any, TextIO
 import trio
 
 from p2psync.node.discovery_api import DiscoveryFactory, PeerSeenLike, zeroconf_discovery
+from p2psync.node.links import state_text
 from p2psync.node.node import peer_json
 
-__all__ = ["PeersFailure", "anti_entropy_line", "browse", "node_status", "peers_lines", "run_peers"]
+__all__ = ["PeersFailure", "anti_entropy_line", "browse", "node_status", "peers_lines", "run_peers", "seconds_until"]
 
 
 class PeersFailure(Exception):
@@ -91,7 +92,8 @@ def peers_lines(found: list[dict[str, Any]], status: dict[str, Any] | None, wait
             left = f"  (gone {gone} s ago)" if gone is not None else ""
             lines.append(f"  peer {peer['name']}  {peer['url']}{left}")
         for link in status.get("links", []):
-            state = "connected" if link["connected"] else f"not connected ({link['failures']} failure(s))"
+            state = state_text(link.get("state", "connecting"), link["failures"],
+                               seconds_until(link.get("nextAttemptAt")))
             lines.append(f"  link {link['peer']}: {link['tenant']} ({link['scope']}, {link['direction']}), {state}"
                          + (f"; last error: {link['lastError']}" if link.get("lastError") else ""))
             check = anti_entropy_line(link.get("antiEntropy"))
@@ -128,11 +130,19 @@ def anti_entropy_line(check: Any) -> str | None:
 
 
 def _until(at: str) -> str:
+    seconds = seconds_until(at)
+    return at if seconds is None else f"{seconds:.0f} s"
+
+
+def seconds_until(at: Any) -> float | None:
+    """Seconds from now to the ISO time ``at`` (0 when past; None when not a time)."""
+    if not isinstance(at, str):
+        return None
     try:
         seconds = (datetime.fromisoformat(at) - datetime.now(UTC)).total_seconds()
     except ValueError:
-        return at
-    return f"{max(seconds, 0):.0f} s"
+        return None
+    return max(seconds, 0.0)
 
 
 def run_peers(

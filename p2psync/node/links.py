@@ -12,19 +12,41 @@ what is no longer wanted. Keeping the decision free of I/O keeps its rules testa
 3. never a discovered peer that a static link already reaches (same store id, learned from
    its hello), nor a collection that peer already runs with us from its side (it dials us:
    the data flows through our passive side), nor ourselves.
+
+It also holds the one definition of a link's state as ``status``, ``peers``, the status file and
+the metrics show it (:func:`link_state`): ``live`` only while connected and caught up.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass
-from typing import Literal
+from typing import Final, Literal
 
+from p2psync.blip.pumps import PING_INTERVAL
 from p2psync.node.config import Direction, StaticPeer, TenantConfig
 from p2psync.node.discovery_api import AUTO_CAPABILITY, PeerSeenLike
 from p2psync.replication.scope import SyncScope
 
-__all__ = ["LinkSpec", "NodeLinkKey", "plan_links"]
+__all__ = [
+    "LINK_STATES", "SILENT_AFTER", "LinkSpec", "NodeLinkKey", "NodeLinkState", "link_state", "plan_links", "state_text",
+]
+
+NodeLinkState = Literal["connecting", "backoff", "unresponsive", "catching-up", "repairing", "live", "idle"]
+#: A link's states, as ``status``, ``peers``, the status file and ``sync_link_state`` name them:
+#:
+#: - ``connecting``: not connected; an attempt (dial, TLS, hello) is under way;
+#: - ``backoff``: not connected; waiting until its next attempt after failures;
+#: - ``unresponsive``: connected, but nothing came from the peer for longer than a ping
+#:   interval and its answer (a peer that vanished without closing: powered off, off the
+#:   network); the connection is dropped at the idle timeout (p2psync/blip/pumps.py);
+#: - ``catching-up``: connected; some direction has not reached the other side's head yet
+#:   (or a message it received did not apply and waits for the next round);
+#: - ``repairing``: connected; the round repairs a gap (the ledger's ``repairing``);
+#: - ``live``: connected, and every direction it moves has caught up;
+#: - ``idle``: no node runs it now (a one-shot ``p2psync sync`` left it, or no node runs).
+LINK_STATES: Final[tuple[NodeLinkState, ...]] = (
+    "connecting", "backoff", "unresponsive", "catching-up", "repairing", "live", "idle")
 
 #: (remote node, tenant, scopeId): a node link's key (the ledger's LinkKey names the remote by
 #: its DID instead, p2psync.state.ledger).
@@ -105,3 +127,42 @@ def plan_links(
                                 seen.name, seen.fingerprint)
                 out[spec.key] = spec
     return out
+
+
+def link_state(
+    *, running: bool, connected: bool, caught_up: bool, repairing: bool, waiting: bool, silent: bool = False
+) -> NodeLinkState:
+    """A link's state (see :data:`LINK_STATES`) from what its node knows of it now.
+
+    ``running``: a node runs it; ``connected``: its round has a connection; ``caught_up``: the
+    round on that connection has caught up in every direction it moves; ``repairing``: its ledger
+    link is ``repairing``; ``waiting``: it waits out its backoff before the next attempt;
+    ``silent``: connected, and nothing heard from the peer for longer than :data:`SILENT_AFTER`.
+    """
+    if not running:
+        return "idle"
+    if not connected:
+        return "backoff" if waiting else "connecting"
+    if silent:
+        return "unresponsive"
+    if repairing:
+        return "repairing"
+    return "live" if caught_up else "catching-up"
+
+
+#: A connection that has heard nothing from its peer for this long missed a pong: BLIP pings
+#: every :data:`~p2psync.blip.pumps.PING_INTERVAL` (20 s) and the pong comes back within a
+#: round trip; 5 s more covers a loaded peer. Its link is not ``live`` past it (the connection
+#: itself is dropped at the 60 s idle timeout).
+SILENT_AFTER: Final = PING_INTERVAL + 5.0
+
+
+def state_text(state: str, failures: int, next_in: float | None) -> str:
+    """A link's state for a person, as ``status`` and ``peers`` print it: ``live``, ``backoff
+    (4 failure(s), next attempt in 12 s)``, ``connecting (1 failure(s))``."""
+    details = []
+    if failures:
+        details.append(f"{failures} failure(s)")
+    if state == "backoff" and next_in is not None:
+        details.append(f"next attempt in {max(next_in, 0):.0f} s")
+    return state + (f" ({', '.join(details)})" if details else "")

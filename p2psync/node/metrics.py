@@ -19,7 +19,7 @@ from __future__ import annotations
 import bisect
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import partial
 from typing import Final
 
@@ -30,11 +30,13 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from p2psync.dwn.replication_types import DependencyRef
 from p2psync.node.anti_entropy import OUTCOMES, CheckResult
+from p2psync.node.links import LINK_STATES
 from p2psync.replication.scope import SyncScope
 from p2psync.state.ledger import Direction, Ledger, LedgerEvent, LinkState, LinkTransition
 
 __all__ = [
     "GAP_REASONS",
+    "LinkView",
     "QUOTA_KINDS",
     "LATENCY_BUCKETS_MS",
     "METRIC_NAMES",
@@ -78,6 +80,12 @@ QUOTA_KINDS: Final = ("tenant", "peer")
 #: for other reasons (never_linked, checkpoint_mismatch) are counted when they finish.
 LEDGER_COUNTED: Final = frozenset(GAP_REASONS)
 
+#: The links a node runs now: (tenant, remote, scopeId) -> (state, consecutive failures, scope
+#: label). ``remote`` is the ledger's ``DID?storeId=…`` once the node knows it, else the node's
+#: own name of the peer (``url:…``, ``sid:…``): a link that never reached its peer has no
+#: ledger row yet, and still has a state.
+LinkView = Mapping[tuple[str, str, str], tuple[str, int, str]]
+
 
 def scope_label(scope: SyncScope) -> str:
     """``global``, the protocol URL, or the scopeId of a subset (what an operator recognises)."""
@@ -93,7 +101,9 @@ class NodeMetrics:
     a collector over its ledger, in a registry of its own (two nodes in one process do not mix).
 
     ``node_facts``: called at each scrape for the node's own gauges (links by origin, peers
-    discovered, passive connections), as ``{name: (help, {labels: value})}``.
+    discovered, passive connections), as ``{name: (help, {labels: value})}``. ``link_view``:
+    called at each scrape for the state and failures of the links the node runs
+    (:data:`LinkView`); a ledger link it does not run is ``idle``.
     """
 
     def __init__(
@@ -101,10 +111,12 @@ class NodeMetrics:
         ledger: Ledger,
         *,
         node_facts: Callable[[], dict[str, tuple[str, dict[tuple[tuple[str, str], ...], float]]]] | None = None,
+        link_view: Callable[[], LinkView] | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.ledger = ledger
         self.node_facts = node_facts
+        self.link_view = link_view
         self.clock = clock
         self.inflight = 0
         self.gap_repairs: dict[str, int] = dict.fromkeys(GAP_REASONS, 0)
@@ -275,8 +287,10 @@ class NodeMetrics:
         return family
 
     def _link_families(self) -> Iterable[Metric]:
-        state = GaugeMetricFamily("sync_link_state", "1 for the link's current state (one series per state).",
-                                  labels=[*_LINK_LABELS, "state"])
+        state = GaugeMetricFamily(
+            "sync_link_state",
+            "1 for the link's current state (one series per state; live: connected and caught up).",
+            labels=[*_LINK_LABELS, "state"])
         failures = GaugeMetricFamily("sync_link_failures", "Consecutive failures of the link (0 when healthy).",
                                      labels=list(_LINK_LABELS))
         positions = {
@@ -293,11 +307,14 @@ class NodeMetrics:
             "Messages received and not applied (a `rev` answered Incomplete or Deferred, or failed), by direction.",
             labels=[*_LINK_LABELS, "direction"],
         )
+        running = dict(self.link_view()) if self.link_view is not None else {}
         for link in self.ledger.links():
             labels = [link.key.tenant, link.key.remote, scope_label(link.scope)]
-            for each in LinkState:
-                state.add_metric([*labels, str(each)], 1.0 if link.state == each else 0.0)
-            failures.add_metric(labels, link.failure_count)
+            now, failed, _ = running.pop((link.key.tenant, link.key.remote, link.key.scope_id),
+                                         ("idle", link.failure_count, ""))
+            for each in LINK_STATES:
+                state.add_metric([*labels, each], 1.0 if now == each else 0.0)
+            failures.add_metric(labels, failed)
             for direction in (Direction.PULL, Direction.PUSH):
                 checkpoint, _ = self.ledger.get_checkpoint(link.key, direction)
                 unapplied.add_metric([*labels, str(direction)], len(checkpoint.unapplied_tokens))
@@ -305,6 +322,10 @@ class NodeMetrics:
                 positions[(str(direction), "received")].add_metric(labels, 0 if received is None else received.position)
                 positions[(str(direction), "contiguous")].add_metric(
                     labels, 0 if contiguous is None else contiguous.position)
+        for (tenant, remote, _), (now, failed, scope) in running.items():  # no ledger row yet
+            for each in LINK_STATES:
+                state.add_metric([tenant, remote, scope, each], 1.0 if now == each else 0.0)
+            failures.add_metric([tenant, remote, scope], failed)
         yield state
         yield failures
         yield unapplied

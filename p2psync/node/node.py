@@ -15,6 +15,14 @@ cancellation (an abrupt one):
 - the metrics endpoint (when a port is configured);
 - a status file (when a path is given) that ``p2psync peers`` reads.
 
+Each link's state (:func:`~p2psync.node.links.link_state`: ``live`` only while connected and
+caught up) is shown the same way by the status file, ``status``, ``peers`` and the metrics.
+A peer that comes back is dialed again within a second whatever its backoff had reached: an
+inbound connection from it, or its mDNS advert, ends the wait of the links to it
+(:class:`~p2psync.peer.retry.RetryGate`, with jitter). The node remembers where the nodes that
+dial it listen (their hello says, §3 ``listen``; the callers file) and at start dials each once,
+so that a device that was away prompts the peers that dial it.
+
 A graceful stop leaves discovery (peers notice at once), asks every connected link to end its
 round (it saves the checkpoint pair on both sides, as a one-shot sync does at its end), cancels
 the others, stops serving, commits what the group committer holds and returns. The store stays
@@ -28,7 +36,7 @@ import json
 import logging
 import os
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -57,16 +65,21 @@ from p2psync.node.discovery_api import (
     PeerSeenLike,
     zeroconf_discovery,
 )
-from p2psync.node.links import LinkSpec, NodeLinkKey, plan_links
-from p2psync.node.metrics import NodeMetrics, scope_label, serve_metrics
+from p2psync.node.links import SILENT_AFTER, LinkSpec, NodeLinkKey, NodeLinkState, link_state, plan_links
+from p2psync.node.metrics import LinkView, NodeMetrics, scope_label, serve_metrics
 from p2psync.peer.endpoint import peer_url, plain_ws_refused
 from p2psync.peer.peer import Peer
+from p2psync.peer.retry import RetryGate, ledger_schedule
 from p2psync.peer.session import PRE_HELLO_MAX_MESSAGE
+from p2psync.replication.hello import Hello
 from p2psync.replication.wire import APP_ID
 from p2psync.state.committer import StoreUnavailable
-from p2psync.state.ledger import retry_delay
+from p2psync.state.ledger import LinkKey, LinkNotFound, LinkState, retry_delay
 
-__all__ = ["GONE_GRACE", "LINK_RETRY_CAP", "SHUTDOWN_GRACE", "Node", "NodeError", "NodeLink", "peer_json"]
+__all__ = [
+    "ANNOUNCE_TIMEOUT", "CALLERS_FILE", "GONE_GRACE", "LINK_RETRY_CAP", "SHUTDOWN_GRACE", "Node", "NodeError",
+    "NodeLink", "peer_json",
+]
 
 log = logging.getLogger("p2psync.node")
 
@@ -89,6 +102,11 @@ RECONCILE_INTERVAL: Final = 1.0
 LINK_RETRY_CAP: Final = retry_delay(1_000).total_seconds()
 #: The status file is rewritten at most this often (it changes with every link state change).
 STATUS_INTERVAL: Final = 1.0
+#: The file, beside the status file, where a node keeps where the nodes that dial it listen.
+CALLERS_FILE: Final = "callers.json"
+#: How long the "I'm back" connection to one caller may take (dial, TLS, hello) at start: a
+#: LAN peer answers in milliseconds; one that is away costs a connect timeout. Ours.
+ANNOUNCE_TIMEOUT: Final = 10.0
 
 
 class NodeError(errors.LocalFailure):
@@ -125,13 +143,31 @@ class NodeLink:
     caught_up: trio.Event = field(default_factory=trio.Event)
     anti_entropy: AntiEntropyStatus = field(default_factory=AntiEntropyStatus)
     ae_failure: str | None = None  # the last anti-entropy failure's line, logged once
+    #: its backoff between attempts (the peer's reconnect loop and the node's both wait on it)
+    gate: RetryGate = field(default_factory=RetryGate)
+    remote_did: str | None = None  # the peer's DID, from its hello or its advert
 
-    def to_json(self) -> dict[str, Any]:
+    @property
+    def ledger_remote(self) -> str | None:
+        """The remote as the ledger names it (``DID?storeId=…``), once both are known."""
+        if self.remote_did is None or self.remote_sid is None:
+            return None
+        return f"{self.remote_did}?storeId={self.remote_sid}"
+
+    def next_attempt_in(self) -> float | None:
+        """Seconds until its next attempt while it waits out its backoff (None otherwise)."""
+        until = self.gate.until
+        return None if until is None else max(until - trio.current_time(), 0.0)
+
+    def to_json(self, state: NodeLinkState) -> dict[str, Any]:
         spec = self.spec
         certificate = None if self.conn is None else self.conn.server_certificate
+        next_in = self.next_attempt_in()
+        next_at = None if next_in is None else (datetime.now(UTC) + timedelta(seconds=next_in)).isoformat()
         return {"peer": spec.label, "url": spec.url, "origin": spec.origin, "tenant": spec.tenant,
                 "scope": scope_label(spec.scope), "scopeId": spec.scope.scope_id, "direction": spec.direction,
-                "connected": self.conn is not None, "storeId": self.remote_sid, "failures": self.failures,
+                "state": state, "connected": self.conn is not None, "storeId": self.remote_sid,
+                "remote": self.ledger_remote, "failures": self.failures, "nextAttemptAt": next_at,
                 "pin": spec.pin, "fingerprint": None if certificate is None else fingerprint(certificate),
                 "lastError": self.last_error, "antiEntropy": self.anti_entropy.to_json()}
 
@@ -147,7 +183,10 @@ class Node:
 
     ``discovery``: builds the discovery service (default: mDNS, p2psync.discovery); only
     called when the configuration turns discovery on. ``status_path``: where to keep the
-    status file. ``gone_grace``: :data:`GONE_GRACE` (tests shorten it).
+    status file. ``gone_grace``: :data:`GONE_GRACE` (tests shorten it). ``callers_path``: where to
+    keep where the nodes that dial this one listen (None: in memory only, nobody prompted at
+    start). ``retry_schedule``: a link's backoff in seconds after n failures (default: the
+    ledger's, 1 s doubling up to 5 minutes; tests make it grow fast).
     """
 
     def __init__(
@@ -162,6 +201,8 @@ class Node:
         shutdown_grace: float = SHUTDOWN_GRACE,
         rng: random.Random | None = None,
         tls: TlsCertificate | None = None,
+        callers_path: Path | None = None,
+        retry_schedule: Callable[[int], float] = ledger_schedule,
     ) -> None:
         config.check()  # a NodeConfig built by hand, not by load_config, is checked here
         self.config = config
@@ -176,14 +217,20 @@ class Node:
         # no more than their quotas, nor more than a pusher's budget (p2psync/state/quota.py).
         self.peer = Peer(store, identity, stores={t.did for t in self.tenants if t.did is not None}, tls=self.tls,
                          quotas=config.quota_policy(self.tenants))
-        self.metrics = NodeMetrics(self.peer.ledger, node_facts=self._facts)
+        self.metrics = NodeMetrics(self.peer.ledger, node_facts=self._facts, link_view=self._link_view)
         self.peer.metrics = self.metrics
+        self.peer.on_inbound = self._on_inbound
         self.store_id = self.peer.store_id
         self.status_path = status_path
         self.gone_grace = gone_grace
         self.shutdown_grace = shutdown_grace
         self._discovery_factory = discovery
         self._rng = rng or random.Random()
+        self.callers_path = callers_path
+        self.retry_schedule = retry_schedule
+        #: store id -> where that node listens, for the nodes that dialed this one (CALLERS_FILE)
+        self.callers: dict[str, dict[str, Any]] = _read_callers(callers_path)
+        self.announced = 0  # callers told at start that this node is back
         self.server: blip.BlipServer | None = None
         self.url: str | None = None
         self.metrics_port: int | None = None
@@ -237,8 +284,36 @@ class Node:
             "updatedAt": datetime.now(UTC).isoformat(),
             "peers": [dict(peer_json(s.peer), goneFor=None if s.gone_at is None else round(now - s.gone_at, 1))
                       for s in self.seen.values()],
-            "links": [link.to_json() for link in self.links.values()],
+            "links": [link.to_json(self.link_state(link)) for link in self.links.values()],
         }
+
+    def link_state(self, link: NodeLink) -> NodeLinkState:
+        """``link``'s state now (:func:`~p2psync.node.links.link_state`)."""
+        self._learn_from_round(link)
+        conn = link.conn
+        connected = conn is not None
+        return link_state(
+            running=True, connected=connected, caught_up=connected and link.caught_up_on == link.connections,
+            repairing=connected and self._ledger_state(link) == LinkState.REPAIRING,
+            waiting=link.gate.until is not None,
+            silent=conn is not None and trio.current_time() - conn.last_receive > SILENT_AFTER,
+        )
+
+    def _ledger_state(self, link: NodeLink) -> LinkState | None:
+        remote = link.ledger_remote
+        if remote is None:
+            return None
+        try:
+            return self.peer.ledger.link(LinkKey(link.spec.tenant, remote, link.spec.scope.scope_id)).state
+        except LinkNotFound:
+            return None
+
+    def _link_view(self) -> LinkView:
+        """Each running link's state and failures, by the ledger's (tenant, remote, scopeId) when
+        known, else by the node's remote name (for the metrics: the same as ``status``)."""
+        return {(link.spec.tenant, link.ledger_remote or link.spec.remote, link.spec.scope.scope_id):
+                (self.link_state(link), link.failures, scope_label(link.spec.scope))
+                for link in self.links.values()}
 
     async def run(self, *, task_status: trio.TaskStatus[Node] = trio.TASK_STATUS_IGNORED) -> None:
         """Run the node until :meth:`stop` (graceful) or cancellation; reports itself once it
@@ -274,6 +349,7 @@ class Node:
                                             f"{exc.strerror or exc}") from None
         assert self.server is not None
         self.url = peer_url(config.host, self.server.port, tls=self.tls is not None)
+        self.peer.listen = (self.server.port, self.tls is not None)
         if config.metrics_port is not None:
             try:
                 self.metrics_port = await nursery.start(serve_metrics, self.metrics, config.metrics_host,
@@ -287,6 +363,8 @@ class Node:
         nursery.start_soon(self._reconciler)
         if self.status_path is not None:
             nursery.start_soon(self._status_writer)
+        for sid, caller in list(self.callers.items()):
+            nursery.start_soon(self._announce, sid, caller)
 
     async def _serve(self, *, task_status: trio.TaskStatus[blip.BlipServer] = trio.TASK_STATUS_IGNORED) -> None:
         try:
@@ -352,6 +430,8 @@ class Node:
         if known is None:
             log.info("found %s (%s) at %s", peer.name, peer.did, peer.url())
         self.seen[peer.sid] = _Seen(peer)
+        if known is None or known.gone_at is not None or known.peer.url() != peer.url():
+            self._peer_back(peer.sid, f"{peer.name} advertises itself")  # came (back), or restarted elsewhere
         self._poke()
 
     def _on_gone(self, sid: str) -> None:
@@ -364,6 +444,58 @@ class Node:
     def _poke(self) -> None:
         self._status_dirty = True
         self._wake.set()
+
+    # -- a peer comes back ------------------------------------------------------------------------
+
+    def _peer_back(self, sid: str, why: str) -> None:
+        """The node ``sid`` is back (``why``): the links to it waiting out a backoff try again
+        within :data:`~p2psync.peer.retry.BACK_JITTER`. A static link that has not reached its
+        peer yet in this run may be that node too (its store id is learned at hello): it tries."""
+        for link in self.links.values():
+            maybe = link.remote_sid == sid or (link.remote_sid is None and link.spec.origin == "static")
+            if maybe and link.gate.peer_back():
+                log.info("%s: retrying the link to %s now (it was waiting out its backoff)", why, link.spec.label)
+                self._status_dirty = True
+
+    def _on_inbound(self, hello: Hello, address: str | None) -> None:
+        """A node proved its hello on a connection to us: it is up (its links from here try
+        again at once), and if it says where it listens, remember it (to prompt it at our start)."""
+        self._peer_back(hello.store_id, f"{hello.did} connected")
+        if hello.listen is None or address is None:
+            return
+        port, tls = hello.listen
+        caller = {"did": hello.did, "url": peer_url(address, port, tls=tls)}
+        if self.callers.get(hello.store_id) != caller:
+            self.callers[hello.store_id] = caller
+            if self.callers_path is not None:
+                _write_json(self.callers_path, self.callers)
+
+    async def _announce(self, sid: str, caller: dict[str, Any]) -> None:
+        """Tell a node that dialed us before that we are back: one connection that proves
+        hello and closes; its node then ends the backoff of its links to us (:meth:`_on_inbound`
+        on its side). Once, at start; a caller that is away is not retried."""
+        url = caller.get("url")
+        if not isinstance(url, str) or (plain_ws_refused(url) is not None and not self.config.insecure):
+            return
+        try:
+            with trio.fail_after(ANNOUNCE_TIMEOUT):
+                async with blip.connect(url, app_id=APP_ID, handlers=self.peer.handlers(active=True),
+                                        max_message_size=PRE_HELLO_MAX_MESSAGE) as conn:
+                    session = self.peer.session_for(conn, active=True)
+                    await session.hello()
+                    theirs = session.theirs
+                    if theirs is None or theirs.store_id != sid:
+                        log.info("%s is no longer the node that dialed us (%s); forgetting it", url, sid)
+                        self.callers.pop(sid, None)
+                        if self.callers_path is not None:
+                            _write_json(self.callers_path, self.callers)
+                        return
+                    await conn.aclose()
+        except Exception as exc:  # away, refused, another node there now: say so, go on
+            log.info("could not tell %s that this node is back: %s", url, _failure_line(exc, url) or exc)
+            return
+        self.announced += 1
+        log.info("told %s that this node is back", url)
 
     # -- links ------------------------------------------------------------------------------------
 
@@ -426,6 +558,8 @@ class Node:
         session = self.peer.session_for(link.conn, active=True)
         if link.spec.origin == "static" and link.remote_sid is None and session.theirs is not None:
             link.remote_sid = self.static_sids[link.spec.url] = session.theirs.store_id
+        if session.theirs is not None and session.proto.hello_ok:
+            link.remote_did = session.theirs.did
         feeds = [s.caught_up for s in session.sinks.values()] + [s.caught_up for s in session.sources.values()]
         if link.failures and any(feeds):
             link.failures = 0  # healthy again: a round caught up
@@ -450,9 +584,11 @@ class Node:
 
     def _start_link(self, spec: LinkSpec) -> None:
         assert self._link_nursery is not None
-        link = self.links[spec.key] = NodeLink(spec)
+        link = self.links[spec.key] = NodeLink(spec, gate=RetryGate(schedule=self.retry_schedule, rng=self._rng))
         if spec.origin == "discovered":
             link.remote_sid = spec.remote.removeprefix("sid:")
+            seen = self.seen.get(link.remote_sid)
+            link.remote_did = None if seen is None else seen.peer.did
         log.info("link to %s for %s (%s, %s)", spec.label, spec.tenant, scope_label(spec.scope), spec.direction)
         self._link_nursery.start_soon(self._supervise, link)
         self._status_dirty = True
@@ -504,7 +640,7 @@ class Node:
         try:
             await self.peer.sync(
                 lambda handlers: self._connect(link, handlers), tenant=spec.tenant, scope=spec.scope,
-                direction=spec.direction, continuous=True, stop=link.stop,
+                direction=spec.direction, continuous=True, stop=link.stop, gate=link.gate,
             )
         except Exception as exc:  # a link recovers by itself; the node goes on
             return exc
@@ -556,9 +692,8 @@ class Node:
 
     def _backoff_delay(self, link: NodeLink) -> float:
         """The node's wait before ``link``'s next round: the ledger's schedule by the link's
-        failures, capped at :data:`LINK_RETRY_CAP`, with equal jitter (as the peer's own)."""
-        delay = min(retry_delay(link.failures).total_seconds(), LINK_RETRY_CAP)
-        return delay * (0.5 + self._rng.random() / 2)
+        failures (its gate's), capped at :data:`LINK_RETRY_CAP`, with equal jitter (as the peer's own)."""
+        return min(link.gate.delay(link.failures), LINK_RETRY_CAP)
 
     async def _back_off(self, link: NodeLink, failure: Exception) -> None:
         """Wait before a new round of ``link``. The peer's sync retries what
@@ -568,7 +703,9 @@ class Node:
         delay = self._backoff_delay(link)
         log.info("link to %s: %s failure; retrying in %.0f s", link.spec.label, errors.disposition(failure).value,
                  delay)
-        await trio.sleep(delay)
+        self._status_dirty = True
+        await link.gate.wait(delay)
+        self._status_dirty = True
 
     # -- a link's anti-entropy ---------------------------------------------------------------------
 
@@ -701,9 +838,14 @@ class Node:
 
     async def _status_writer(self) -> None:
         assert self.status_path is not None
+        written: list[NodeLinkState] = []
         while True:
-            if self._status_dirty:
+            # Some states change with no event the node sees at once (a round catching up, a
+            # backoff starting): compare them too.
+            states = [self.link_state(link) for link in self.links.values()]
+            if self._status_dirty or states != written:
                 self._status_dirty = False
+                written = states
                 _write_json(self.status_path, self.status())
             await trio.sleep(STATUS_INTERVAL)
 
@@ -745,6 +887,19 @@ def peer_json(peer: PeerSeenLike) -> dict[str, Any]:
         "private": bool(peer.tenants_hashed), "capabilities": sorted(peer.capabilities or ()), "lastSeen": last_seen,
         "fingerprint": peer.fingerprint,
     }
+
+
+def _read_callers(path: Path | None) -> dict[str, dict[str, Any]]:
+    """The callers file (``{storeId: {"did", "url"}}``); empty when absent or unreadable."""
+    if path is None:
+        return {}
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(value, dict):
+        return {}
+    return {sid: c for sid, c in value.items() if isinstance(c, dict) and isinstance(c.get("url"), str)}
 
 
 def _write_json(path: Path, value: Any) -> None:

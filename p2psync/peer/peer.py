@@ -34,8 +34,9 @@ from p2psync.dwn.store import Store
 from p2psync.errors import error_name, is_retryable, retry_after
 from p2psync.peer.anti_entropy import ReconcileSummary, reconcile_with
 from p2psync.peer.repair import RepairProgress, RepairSummary, WantedMessage, fetch_messages
+from p2psync.peer.retry import RetryGate
 from p2psync.peer.session import PRE_HELLO_MAX_MESSAGE, SERVED_GATHER_BYTES, PeerSession
-from p2psync.replication.hello import new_hello
+from p2psync.replication.hello import Hello, new_hello
 from p2psync.replication.observer import NO_OBSERVER, SyncObserver
 from p2psync.replication.protocol import ALL_PROFILES, ReplicationProtocol
 from p2psync.replication.round import SyncRound
@@ -45,7 +46,7 @@ from p2psync.replication.wire import APP_ID, DEFAULT_BATCH, PeerError
 from p2psync.state.authz import ReadAuthorizer
 from p2psync.state.committer import GroupCommitter
 from p2psync.state.copies import CheckpointCopies, store_id
-from p2psync.state.ledger import Direction, Ledger, LinkKey, retry_delay
+from p2psync.state.ledger import Direction, Ledger, LinkKey
 from p2psync.state.quota import QuotaPolicy, Quotas
 from p2psync.state.service import StoreService
 
@@ -132,7 +133,7 @@ class Peer:
         self.max_unanswered_revs = max_unanswered_revs
         self.max_data = max_data
         self._rng = rng or random.Random()
-        self._retry_now = trio.Event()
+        self._gates: set[RetryGate] = set()  # reconnect loops waiting out their backoff now
         self._retry_requests = 0
         self._sessions: weakref.WeakKeyDictionary[blip.Connection, PeerSession] = weakref.WeakKeyDictionary()
         self._served = 0  # connections served now (MAX_CONNECTIONS)
@@ -140,6 +141,12 @@ class Peer:
         self._unproven_from: Counter[str] = Counter()  # the same by remote address (MAX_UNPROVEN_PER_ADDRESS)
         #: Told of applies and missing dependencies (p2psync/node/metrics.py); set before serving.
         self.metrics: SyncObserver = NO_OBSERVER
+        #: Where this peer's node listens, ``(port, tls)``, said in every hello (§3 ``listen``) so
+        #: that a peer it dials can prompt it when that peer comes back; None: not serving.
+        self.listen: tuple[int, bool] | None = None
+        #: Called once the other side of a connection served here proved its hello, with that
+        #: hello and the address it came from (p2psync/node: a peer is back; who dials us).
+        self.on_inbound: Callable[[Hello, str | None], None] | None = None
 
     # -- sessions ---------------------------------------------------------------------------
 
@@ -150,7 +157,7 @@ class Peer:
         if self.max_data is not None:
             extra["max_data"] = self.max_data
         proto = ReplicationProtocol(
-            identity=self.identity, mine=new_hello(self.identity.did, self.store_id, AGENT), active=active,
+            identity=self.identity, mine=new_hello(self.identity.did, self.store_id, AGENT, self.listen), active=active,
             accept_push=self.accept_push, stores=self.stores, observer=self.metrics, channel=channel, **extra,
         )
         return PeerSession(proto, self.service)
@@ -210,6 +217,9 @@ class Peer:
             await session.hello_quietly()
             proven()
             unproven = False
+            theirs = session.theirs
+            if session.proto.hello_ok and theirs is not None and self.on_inbound is not None:
+                self.on_inbound(theirs, conn.remote_address)
             await conn.wait_closed()
         finally:
             if unproven:
@@ -234,8 +244,8 @@ class Peer:
         """Wake every reconnect loop that is waiting out its backoff (an operator's "sync now");
         a loop whose round is failing right now skips its next wait."""
         self._retry_requests += 1
-        self._retry_now.set()
-        self._retry_now = trio.Event()
+        for gate in list(self._gates):
+            gate.now()
 
     def _connector(self, target: str | Connector) -> Connector:
         return dialer(target) if isinstance(target, str) else target
@@ -252,6 +262,7 @@ class Peer:
         grants: list[dict[str, Any]] | None = None,
         batch: int = DEFAULT_BATCH,
         stop: trio.Event | None = None,
+        gate: RetryGate | None = None,
     ) -> SyncSummary:
         """Replicate one collection with the peer at ``target`` (a ``ws://`` URL, or a connector
         taking a handler table and yielding a running :class:`blip.Connection`).
@@ -263,11 +274,15 @@ class Peer:
         ``stop`` (a graceful stop, p2psync/node): once set, a connected round ends both
         directions, saves the checkpoint pair on both sides and returns; a failed round raises
         instead of retrying. A sync waiting out its backoff does not watch it (cancel that one).
+        ``gate``: what a continuous sync waits on between attempts (its schedule, and whoever
+        hears that the peer is back ends the wait early; p2psync/node); by default a gate of
+        its own with the ledger's schedule.
         """
         if direction not in ("pull", "push", "both"):
             raise errors.LocalMisuse("direction must be pull, push or both")
         scope = scope or SyncScope.global_scope()
         connect = self._connector(target)
+        gate = gate if gate is not None else RetryGate(rng=self._rng)
         started = time.monotonic()
         attempt = 0
         totals: dict[str, SyncStats] = {}
@@ -290,16 +305,18 @@ class Peer:
                 if not retryable or (not continuous and (attempt >= ONE_SHOT_ATTEMPTS or too_long)) or stopping:
                     raise
                 failures = self.ledger.link(round_.key).failure_count if round_.key is not None else attempt
-                delay = retry_delay(failures).total_seconds()
-                delay = delay * (0.5 + self._rng.random() / 2)  # equal jitter: never a synchronized herd
+                delay = gate.delay(failures)
                 if after is not None:
                     delay = max(delay, float(after))
                 # a URL when one is known, never a function's repr
                 label = round_.remote or (target if isinstance(target, str) else getattr(target, "url", "the peer"))
                 log.info("sync with %s: %s; retrying in %.1f s", label, exc, delay)
                 if self._retry_requests == requests:
-                    with trio.move_on_after(delay):
-                        await self._retry_now.wait()
+                    self._gates.add(gate)
+                    try:
+                        await gate.wait(delay)
+                    finally:
+                        self._gates.discard(gate)
                 continue
             summary.seconds = time.monotonic() - started
             summary.rounds = attempt

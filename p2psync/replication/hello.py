@@ -56,6 +56,9 @@ class Hello:
     store_id: str
     nonce: bytes
     agent: str | None = None
+    #: where the sender's node listens: ``(port, tls)``, on the address the connection comes
+    #: from (§3 ``listen``); None: it does not serve (a one-shot sync), or did not say
+    listen: tuple[int, bool] | None = None
 
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -63,6 +66,8 @@ class Hello:
         }
         if self.agent is not None:
             out["agent"] = self.agent
+        if self.listen is not None:
+            out["listen"] = {"port": self.listen[0], "tls": self.listen[1]}
         return out
 
     @classmethod
@@ -87,12 +92,23 @@ class Hello:
         caps = obj.get("capabilities")
         if caps is not None and (not isinstance(caps, list) or not all(isinstance(c, str) for c in caps)):
             refuse(400, "HelloInvalid", "capabilities must be an array of text")
-        return cls(did, store_id, nonce, agent)
+        return cls(did, store_id, nonce, agent, _listen(obj.get("listen")))
 
 
-def new_hello(did: str, store_id: str, agent: str | None = None) -> Hello:
+def _listen(value: Any) -> tuple[int, bool] | None:
+    """A hello's ``listen`` member: ``{"port": 1..65535, "tls": bool}``, or absent."""
+    if value is None:
+        return None
+    port = value.get("port") if isinstance(value, dict) else None
+    tls = value.get("tls") if isinstance(value, dict) else None
+    if type(port) is not int or not 0 < port < 65536 or not isinstance(tls, bool):
+        refuse(400, "HelloInvalid", "listen must be a map of port (1-65535) and tls (a boolean)")
+    return port, tls
+
+
+def new_hello(did: str, store_id: str, agent: str | None = None, listen: tuple[int, bool] | None = None) -> Hello:
     """Our hello, with a fresh nonce from the CSPRNG."""
-    return Hello(did, store_id, secrets.token_bytes(HELLO_NONCE_BYTES), agent)
+    return Hello(did, store_id, secrets.token_bytes(HELLO_NONCE_BYTES), agent, listen)
 
 
 def _payload(signer: Hello, peer: Hello, channel: str | None) -> dict[str, str]:

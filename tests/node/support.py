@@ -38,12 +38,14 @@ def make_node(
     discovery: DiscoveryFactory | None = None,
     metrics: bool = False,
     gone_grace: float = 60.0,
+    node: dict[str, Any] | None = None,
     **config: Any,
 ) -> Node:
-    """A node over a fresh store ``<tmp_path>/<name>.db`` listening on 127.0.0.1."""
+    """A node over a fresh store ``<tmp_path>/<name>.db`` listening on 127.0.0.1; ``node``: more
+    arguments of :class:`Node` (``status_path``, ``callers_path``, ``retry_schedule``)."""
     cfg = NodeConfig(host="127.0.0.1", port=port, peers=tuple(StaticPeer(u) for u in peers), auto=auto,
                      discovery=discovery is not None, metrics_port=0 if metrics else None, name=name, **config)
-    return Node(cfg, new_store(tmp_path, name), identity, discovery=discovery, gone_grace=gone_grace)
+    return Node(cfg, new_store(tmp_path, name), identity, discovery=discovery, gone_grace=gone_grace, **(node or {}))
 
 
 async def until(predicate: Callable[[], bool], timeout: float = 20.0) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from p2psync.node.config import StaticPeer, TenantConfig
 from p2psync.node.discovery_api import AUTO_CAPABILITY
-from p2psync.node.links import plan_links
+from p2psync.node.links import link_state, plan_links, state_text
 from p2psync.replication.scope import SyncScope
 from tests.node.fakes import FakePeerSeen
 
@@ -84,3 +84,24 @@ def test_private_adverts_match_by_hash() -> None:
                            tenants_hashed=True, salt="salt", capabilities=(AUTO_CAPABILITY,))
     plan = plan_links(TENANTS, [], [private], own_sid=MINE, auto=True)
     assert {s.tenant for s in plan.values()} == {ALICE}
+
+
+def test_a_link_is_live_only_while_connected_and_caught_up() -> None:
+    def state(**given: bool) -> str:
+        facts = {"running": True, "connected": True, "caught_up": True, "repairing": False, "waiting": False,
+                 "silent": False}
+        return link_state(**{**facts, **given})
+
+    assert state() == "live"
+    assert state(caught_up=False) == "catching-up"
+    assert state(repairing=True) == "repairing"
+    assert state(silent=True) == "unresponsive"  # a peer that vanished without closing
+    assert state(connected=False) == "connecting"
+    assert state(connected=False, waiting=True) == "backoff"
+    assert state(running=False) == "idle"  # whatever the ledger's last round said
+
+
+def test_state_text_says_failures_and_the_next_attempt() -> None:
+    assert state_text("live", 0, None) == "live"
+    assert state_text("connecting", 1, None) == "connecting (1 failure(s))"
+    assert state_text("backoff", 4, 11.6) == "backoff (4 failure(s), next attempt in 12 s)"

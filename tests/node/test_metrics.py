@@ -21,7 +21,11 @@ def test_hooks_ledger_events_and_exposition(tmp_path: Path) -> None:
     store = new_store(tmp_path, "m")
     ledger = Ledger.for_store(store)
     now = [0.0]
-    metrics = NodeMetrics(ledger, clock=lambda: now[0])
+    # The node runs this link (connected, repairing) and one that never reached its peer.
+    running = {(TENANT, REMOTE, SyncScope.for_protocol("https://example.org/notes").scope_id):
+               ("repairing", 1, "https://example.org/notes"),
+               (TENANT, "url:ws://127.0.0.1:9/_p2psync", SyncScope.global_scope().scope_id): ("backoff", 4, "global")}
+    metrics = NodeMetrics(ledger, clock=lambda: now[0], link_view=lambda: running)
     # Three `rev`s: 0.5 ms, 30 ms, and one still in flight.
     first = metrics.rev_started()
     now[0] += 0.0005
@@ -77,9 +81,14 @@ def test_hooks_ledger_events_and_exposition(tmp_path: Path) -> None:
     assert samples["sync_antientropy_round_trips_total"] == [({}, 3.0)]
     assert samples["sync_antientropy_bytes_total"] == [({}, 975.0)]
     labels = {"tenant": TENANT, "remote": REMOTE, "scope": "https://example.org/notes"}
-    states = {s["state"]: v for s, v in samples["sync_link_state"]}
-    assert states == {"initial": 0, "live": 0, "degraded_poll": 0, "repairing": 1, "paused": 0}
-    assert samples["sync_link_failures"] == [(labels, 1.0)]
+    states = {s["state"]: v for s, v in samples["sync_link_state"] if s["remote"] == REMOTE}
+    assert states == {"connecting": 0, "backoff": 0, "unresponsive": 0, "catching-up": 0, "repairing": 1, "live": 0,
+                      "idle": 0}
+    # A link with no ledger row yet has its state too, by the node's name of the peer.
+    never = {s["state"]: v for s, v in samples["sync_link_state"] if s["remote"].startswith("url:")}
+    assert never["backoff"] == 1 and sum(never.values()) == 1
+    assert samples["sync_link_failures"] == [
+        (labels, 1.0), ({"tenant": TENANT, "remote": "url:ws://127.0.0.1:9/_p2psync", "scope": "global"}, 4.0)]
     assert samples["sync_checkpoint_pull_contiguous"] == [(labels, 0.0)]  # nothing applied yet
     # OpenMetrics when the scraper asks for it.
     _, openmetrics = metrics.exposition("application/openmetrics-text; version=1.0.0")
@@ -88,3 +97,16 @@ def test_hooks_ledger_events_and_exposition(tmp_path: Path) -> None:
     ledger.transition(link.key, LinkState.LIVE, reason="caught_up")
     ledger.transition(link.key, LinkState.REPAIRING, reason="progress_gap")
     assert metrics.gap_repairs["progress_gap"] == 2  # no longer listening
+
+
+def test_a_ledger_link_no_node_runs_is_idle(tmp_path: Path) -> None:
+    """The ledger says where the last round left a link (``live``); with no node running it,
+    nothing moves: the gauge says ``idle``, and the failures are the ledger's."""
+    ledger = Ledger.for_store(new_store(tmp_path, "m"))
+    link = ledger.open_link(TENANT, REMOTE, SyncScope.global_scope())
+    ledger.transition(link.key, LinkState.LIVE, reason="caught_up")
+    metrics = NodeMetrics(ledger)
+    samples = metric_samples(metrics.exposition()[0].decode())
+    metrics.close()
+    states = {s["state"]: v for s, v in samples["sync_link_state"]}
+    assert states["idle"] == 1 and sum(states.values()) == 1

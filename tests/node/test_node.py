@@ -175,6 +175,7 @@ async def test_metrics_over_http(tmp_path: Path) -> None:
         await nursery.start(a.run)
         await until(lambda: count(a) == 6)
         await until(lambda: all(str(link.state) == "live" for link in a.peer.ledger.links()))
+        await until(lambda: [a.link_state(link) for link in a.links.values()] == ["live"])
         assert a.metrics_url is not None
         status, body = await scrape(a.metrics_url)
         missing_status, _ = await scrape(a.metrics_url.replace("/metrics", "/nope"))
