@@ -37,18 +37,19 @@ from p2psync.dwn.store import Store  # noqa: E402
 #: The helper: run ``p2psync write`` through main() N times in one process; print one JSON line
 #: per write with its exit code and whether stderr held a traceback.
 HELPER = r"""
-import contextlib, io, json, sys, traceback
+import contextlib, io, json, sys, time, traceback
 from p2psync.cli import main
 home, n, tag = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 for i in range(n):
     err, out = io.StringIO(), io.StringIO()
+    t = time.monotonic()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
         try:
             code = main(["--home", home, "write", "--data", f"{tag} {i}", "--data-format", "text/plain"])
         except BaseException:
             traceback.print_exc()
             code = 99
-    print(json.dumps({"code": code, "err": err.getvalue()}), flush=True)
+    print(json.dumps({"code": code, "err": err.getvalue(), "seconds": time.monotonic() - t}), flush=True)
 """
 
 
@@ -116,8 +117,9 @@ def main() -> int:
 
     def processes() -> None:
         for i in range(args.processes):
+            t = time.monotonic()
             done = cli(b, "write", "--data", f"process {i}", "--data-format", "text/plain")
-            results.append({"code": done.returncode, "err": done.stderr})
+            results.append({"code": done.returncode, "err": done.stderr, "seconds": time.monotonic() - t})
 
     threads = [threading.Thread(target=f) for f in (push, helper, processes)]
     started = time.monotonic()
@@ -128,8 +130,12 @@ def main() -> int:
     elapsed = time.monotonic() - started
     failed = [r for r in results if r["code"] != 0]
     tracebacks = [r for r in results if "Traceback" in r["err"]]
-    print(f"push: exit {push_done.get('code')}, {push_done.get('offered')} offered, in {push_done.get('seconds', 0):.1f} s; writes took {elapsed:.1f} s")
+    print(f"push: exit {push_done.get('code')}, {push_done.get('offered')} offered, "
+          f"in {push_done.get('seconds', 0):.1f} s; writes took {elapsed:.1f} s")
     print(f"writes: {len(results)}, failed: {len(failed)}, with a traceback: {len(tracebacks)}")
+    seconds = sorted(r["seconds"] for r in results)
+    print(f"a write took: median {seconds[len(seconds) // 2]:.3f} s, 95th percentile "
+          f"{seconds[len(seconds) * 95 // 100]:.3f} s, longest {seconds[-1]:.3f} s")
     for r in failed[:3]:
         print("  e.g.:", r["err"].strip().splitlines()[-1] if r["err"].strip() else f"exit {r['code']}")
     if tracebacks and "--show" in sys.argv:
@@ -141,8 +147,6 @@ def main() -> int:
     node.wait(timeout=30)
     verify = cli(b, "store", "verify")
     print("store verify (B):", verify.stdout.strip() or verify.stderr.strip())
-    final = cli(a, "sync", "--both", url) if False else None
-    del final
     # converge: B serves again, A syncs both ways, and the digests must match
     node = subprocess.Popen([sys.executable, "-m", "p2psync", "--home", str(b), "serve", "--port", "0"],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT)
