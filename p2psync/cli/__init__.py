@@ -21,7 +21,10 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
+import apsw
+
 from p2psync import __version__
+from p2psync.cli import common
 from p2psync.cli.anti_entropy import cmd_diff, cmd_sync_or_repair
 from p2psync.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, NODE_STATUS_FILE, CliError
 from p2psync.cli.local import (
@@ -272,6 +275,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.fn(args))
     except CliError as exc:
         print(f"p2psync: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except apsw.BusyError:
+        # every store the CLI opens waits CLI_BUSY_TIMEOUT for the lock before this
+        print(f"p2psync: the store is busy: another process held its write lock for {common.CLI_BUSY_TIMEOUT:g} s; "
+              "try again", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
         return 130

@@ -17,6 +17,7 @@ from p2psync.dwn.errors import DwnError
 from p2psync.dwn.store import Store
 
 __all__ = [
+    "CLI_BUSY_TIMEOUT",
     "EXIT_FAILED",
     "EXIT_OK",
     "EXIT_USAGE",
@@ -37,6 +38,10 @@ EXIT_FAILED: Final = 1
 EXIT_USAGE: Final = 2
 #: The running node's status (p2psync/node), in its data directory; `peers` reads it.
 NODE_STATUS_FILE: Final = "node-status.json"
+#: Seconds a command waits for the store's write lock while another process (the device's
+#: `p2psync serve`, applying a peer's batch) writes: a node's turns are short (a batch of at
+#: most 64 messages) but may come back to back for as long as a large catch-up lasts.
+CLI_BUSY_TIMEOUT: Final = 60.0
 
 
 class CliError(Exception):
@@ -64,7 +69,10 @@ def open_node(args: argparse.Namespace) -> tuple[Identity, Dwn]:
     except HomeError as exc:
         raise CliError(str(exc)) from None
     store_path = Path(args.store) if getattr(args, "store", None) else home.store_path
-    return identity, Dwn(Store(store_path))
+    try:
+        return identity, Dwn(Store(store_path, busy_timeout=CLI_BUSY_TIMEOUT))
+    except DwnError as exc:
+        raise CliError(f"cannot open {store_path}: {exc}") from None
 
 
 def _store_path(args: argparse.Namespace) -> Path:
@@ -78,13 +86,15 @@ def open_store(args: argparse.Namespace, *, must_exist: bool) -> Store:
         hint = "" if getattr(args, "store", None) else "; run `p2psync init` first"
         raise CliError(f"no store at {path}{hint}")
     try:
-        return Store(path)
+        return Store(path, busy_timeout=CLI_BUSY_TIMEOUT)
     except DwnError as exc:
         raise CliError(f"cannot open {path}: {exc}") from None
 
 
 def check_reply(reply: Any, what: str) -> None:
     """Refuse a DWN reply that is not ok, with its code and detail."""
+    if reply.code == 503 and str(reply.detail).startswith("StoreBusy"):
+        raise CliError(f"{what} not done: the store is busy ({reply.detail.removeprefix('StoreBusy: ')})")
     if not reply.ok:
         raise CliError(f"{what} refused ({reply.code}): {reply.detail}")
 

@@ -331,6 +331,7 @@ def summary_lines(summary: SyncSummary, seconds: float) -> list[str]:
         lines.append(line)
         frontier = _position(summary.checkpoint, direction)
         lines.append(f"  {direction} checkpoint: " + ("at the start" if frontier is None else f"position {frontier}"))
+        lines.extend(f"  {line}" for line in stats.not_applied.lines())
     return lines
 
 
@@ -470,7 +471,10 @@ def status_report(store: Store, node: dict[str, Any] | None = None) -> dict[str,
     serving = None
     if node is not None and node.get("storeId") == sid:
         serving = {"url": node.get("url"), "fingerprint": node.get("fingerprint")}
-    return {"storeId": sid, "node": serving, "links": links, "copies": _copies(store)}
+    report = {"storeId": sid, "node": serving, "links": links, "copies": _copies(store)}
+    # What did not apply since the running node started, on any connection (issue #16).
+    report["notApplied"] = node.get("notApplied") if serving is not None and node is not None else None
+    return report
 
 
 def status_lines(report: dict[str, Any]) -> list[str]:
@@ -515,6 +519,20 @@ def status_lines(report: dict[str, Any]) -> list[str]:
     for copy in report["copies"]:
         at = ", ".join(f"{d} {'-' if p is None else f'position {p}'}" for d, p in copy["frontier"].items())
         lines.append(f"  {copy['peer']}  {at}  (checkpoint {copy['checkpointId']}, rev {copy['rev']})")
+    lines.extend(_not_applied_lines(report.get("notApplied")))
+    return lines
+
+
+def _not_applied_lines(shown: Any) -> list[str]:
+    """The running node's messages that did not apply (its status file's ``notApplied``)."""
+    if not isinstance(shown, dict) or not shown.get("count"):
+        return []
+    last = [e for e in shown.get("last") or [] if isinstance(e, dict)]
+    head = f" (the last {len(last)}:)" if shown["count"] > len(last) else ":"
+    lines = [f"{shown['count']} message(s) did not apply since the node started{head}"]
+    for e in last:
+        at = " at the peer" if e.get("where") == "peer" else ""
+        lines.append(f"  {e.get('messageCid')}: {e.get('result')}{at} ({e.get('code')}): {e.get('reason')}")
     return lines
 
 

@@ -271,13 +271,16 @@ class History:
         """
         cid = message_cid(message)
         key = sort_key(message, cid)
-        if not self._sorts_last(tenant, key, _record_id(message)):
-            # Judge against the current state without keeping anything, then place it.
-            reply = self._dry_run(tenant, message, data)
-            if reply.code in (202, 204):
-                self.place(tenant, message, data, cid, lambda _: Verdict.ADMIT)
-            return reply
+        # One write transaction from the first read: another process (the node applying a
+        # batch) must not archive a message between the check of where this one goes and its
+        # admission, or it would be processed out of canonical order.
         with self.store.transaction():
+            if not self._sorts_last(tenant, key, _record_id(message)):
+                # Judge against the current state without keeping anything, then place it.
+                reply = self._dry_run(tenant, message, data)
+                if reply.code in (202, 204):
+                    self.place(tenant, message, data, cid, lambda _: Verdict.ADMIT)
+                return reply
             reply, undo = self._recorded(tenant, message, data, withheld=False)
             if reply.code in (202, 204):
                 self._insert(tenant, message, data, cid, key, accepted=True, undo=undo)

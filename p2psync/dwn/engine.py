@@ -11,6 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import apsw
+
 from p2psync.dwn import replicated, schemas
 from p2psync.dwn.canonical import History, is_stateful
 from p2psync.dwn.errors import DwnError
@@ -114,7 +116,14 @@ class Dwn:
                 return self.history.author(tenant, message, data)
             except DwnError as e:
                 return reply_from_error(e, e.status if e.status >= 400 else 400)
+            except apsw.BusyError:
+                return self._busy()
         return self._reference(tenant, message, data, False)
+
+    def _busy(self) -> Reply:
+        """Another connection held the store's write lock past this one's busy timeout."""
+        return Reply(503, f"StoreBusy: another process held the store's write lock for {self.store.busy_timeout:g} s;"
+                          " try again")
 
     def _reference(self, tenant: str, message: Any, data: bytes | None, withheld: bool) -> Reply:
         """The reference's processing of one message, nothing more (the history calls this)."""
@@ -134,6 +143,10 @@ class Dwn:
             # A DwnError the reference would let escape; keep the node alive and say why.
             log.warning("unhandled %s while processing %s: %s", e.code, key, e)
             return reply_from_error(e, e.status if e.status >= 400 else 500)
+        except apsw.BusyError:
+            # Not a bug: another process's writer kept the lock too long (a write inside a
+            # Store.transaction() holds it already; a read on its own may still have to wait).
+            return self._busy()
         except Exception as e:  # a bug here must not take the node down, nor reach a peer raw
             log.exception("internal error while processing %s", key)
             return Reply(500, f"InternalError: {type(e).__name__}")

@@ -11,9 +11,11 @@ Layout choices, measured on these machines (docs/benchmarks.md, FACTS.md):
 from __future__ import annotations
 
 import json
+import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import Any, Final, Protocol
 
 import apsw
 
@@ -328,14 +330,62 @@ class Atomic(Protocol):
     def __exit__(self, *exc: object) -> None: ...
 
 
-class Store:
-    """One SQLite database file: the message store, data store and event logs of its tenants."""
+#: How long a writer waits for another connection's write transaction before giving up
+#: (``apsw.BusyError``). A node's own batches are short (p2psync/state/committer.py); a
+#: command-line writer asks for longer (``busy_timeout``), since a long-running node may hold the
+#: lock for many short turns in a row.
+BUSY_TIMEOUT_SECONDS: Final = 5.0
+#: The longest sleep between two tries for the lock. SQLite's own busy handler sleeps up to
+#: 100 ms between tries, which a node that commits every few milliseconds outruns: a waiter
+#: polling that slowly can miss every gap between the node's batches until it gives up.
+_BUSY_POLL_MAX: Final = 0.005
 
-    def __init__(self, path: str | Path) -> None:
+
+class _Transaction:
+    """The scope :meth:`Store.transaction` returns (see there)."""
+
+    __slots__ = ("_conn", "_nested")
+
+    def __init__(self, conn: apsw.Connection) -> None:
+        self._conn = conn
+        self._nested = False
+
+    def __enter__(self) -> object:
+        self._nested = self._conn.in_transaction
+        if self._nested:
+            return self._conn.__enter__()
+        self._conn.execute("BEGIN IMMEDIATE")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._nested:
+            self._conn.__exit__(*exc)  # type: ignore[arg-type]
+            return
+        if exc[0] is None:
+            try:
+                self._conn.execute("COMMIT")
+                return
+            except BaseException:
+                if self._conn.in_transaction:  # the COMMIT itself failed: nothing was kept
+                    self._conn.execute("ROLLBACK")
+                raise
+        if self._conn.in_transaction:
+            self._conn.execute("ROLLBACK")
+
+
+class Store:
+    """One SQLite database file: the message store, data store and event logs of its tenants.
+
+    ``busy_timeout``: seconds a write waits for another connection's (another process's)
+    write transaction to end before ``apsw.BusyError``.
+    """
+
+    def __init__(self, path: str | Path, *, busy_timeout: float = BUSY_TIMEOUT_SECONDS) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.conn = apsw.Connection(str(self.path))
-        self.conn.set_busy_timeout(5000)
+        self.busy_timeout = busy_timeout
+        self.conn.set_busy_handler(_busy_handler(busy_timeout))
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute("PRAGMA synchronous=NORMAL")
         self.conn.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_PAGES}")
@@ -354,8 +404,13 @@ class Store:
                 f"{self.path} has schema version {version}; this p2psync knows up to {SCHEMA_VERSION}",
                 500,
             )
-        for target in range(version + 1, SCHEMA_VERSION + 1):
-            with self.conn:
+        if version == SCHEMA_VERSION:
+            return
+        with self.transaction():
+            # Read again under the write lock: another process opening the same new file may
+            # have migrated it meanwhile.
+            version = self.scalar("PRAGMA user_version")
+            for target in range(version + 1, SCHEMA_VERSION + 1):
                 self.conn.execute(_MIGRATIONS[target])
                 self.conn.execute(f"PRAGMA user_version={target}")
 
@@ -370,12 +425,17 @@ class Store:
         return row[0]
 
     def transaction(self) -> Atomic:
-        """``with store.transaction():`` — all writes inside commit together or not at all.
-
-        apsw's connection is itself the context manager (nesting becomes savepoints); an
+        """``with store.transaction():`` — all writes inside commit together or not at all; an
         exception rolls back and propagates.
+
+        The outermost one is ``BEGIN IMMEDIATE``: it takes the write lock before its first
+        read, waiting its turn behind another process's writer (the busy handler), so what it
+        reads is still current when it writes. A deferred transaction that read first would
+        have to upgrade its read snapshot to a write, and SQLite refuses that at once (BUSY,
+        without waiting) when another connection committed in between — how a ``p2psync
+        write`` used to fail while the node applied a batch. Nested ones are savepoints.
         """
-        return cast(Atomic, self.conn)
+        return _Transaction(self.conn)
 
     # -- tenants -------------------------------------------------------------------------
 
@@ -388,12 +448,14 @@ class Store:
         if row is None:
             if not create:
                 return None
-            with self.conn:
+            with self.transaction():
+                # Another process may have made it since the SELECT above: keep theirs.
                 self.conn.execute(
-                    "INSERT INTO tenants(did, stream_id, epoch) VALUES(?,?,?)",
+                    "INSERT INTO tenants(did, stream_id, epoch) VALUES(?,?,?) ON CONFLICT(did) DO NOTHING",
                     (did, str(uuid.uuid4()), str(uuid.uuid4())),
                 )
-            row = (self.conn.last_insert_rowid(),)
+                row = self.conn.execute("SELECT id FROM tenants WHERE did=?", (did,)).fetchone()
+            assert row is not None
         self._tenant_ids[did] = row[0]
         return int(row[0])
 
@@ -424,8 +486,25 @@ class Store:
 
     def set_tenant_active(self, did: str, active: bool) -> None:
         """Enable or disable a tenant; a disabled tenant's replicated messages are deferred."""
-        with self.conn:
+        with self.transaction():
             self.conn.execute("UPDATE tenants SET active=? WHERE id=?", (int(active), self._tid(did)))
+
+
+def _busy_handler(timeout: float) -> Callable[[int], bool]:
+    """A busy handler that tries again every few milliseconds until ``timeout`` seconds have
+    passed since the first try (see ``_BUSY_POLL_MAX``)."""
+    started: list[float] = []
+
+    def busy(tries: int) -> bool:
+        now = time.monotonic()
+        if tries == 0:
+            started[:] = [now]
+        if now - started[0] >= timeout:
+            return False
+        time.sleep(min(0.0005 * (tries + 1), _BUSY_POLL_MAX))
+        return True
+
+    return busy
 
 
 def _encode_sort_value(value: Any) -> str:
@@ -761,7 +840,7 @@ class EventLog:
             return 0
         conn = self._s.conn
         if not conn.in_transaction:
-            with conn:
+            with self._s.transaction():
                 return self.append(tenant, cid, indexes, indexes_json)
         tid = self._s._tid(tenant)
         row = conn.execute(_NEXT_POSITION, (tid,)).fetchone()
@@ -851,7 +930,7 @@ class EventLog:
         Returns (position, appended). Repairs a stored message whose log entry is missing, so
         a peer pulling this log sees it; an existing entry is never duplicated.
         """
-        with self._s.conn:
+        with self._s.transaction():
             existing = self.position_of(tenant, cid)
             position = self.append(tenant, cid, indexes) if existing is None else existing
         return position, existing is None

@@ -72,6 +72,7 @@ from p2psync.peer.peer import Peer
 from p2psync.peer.retry import RetryGate, ledger_schedule
 from p2psync.peer.session import PRE_HELLO_MAX_MESSAGE
 from p2psync.replication.hello import Hello
+from p2psync.replication.stats import NotApplied
 from p2psync.replication.wire import APP_ID
 from p2psync.state.committer import StoreUnavailable
 from p2psync.state.ledger import LinkKey, LinkNotFound, LinkState, retry_delay
@@ -248,6 +249,7 @@ class Node:
         self._discovery_scope = trio.CancelScope()
         self._status_dirty = True
         self._started_at = datetime.now(UTC)
+        self.peer.not_applied.on_add = self._on_not_applied
 
     # -- public -------------------------------------------------------------------------------
 
@@ -285,6 +287,8 @@ class Node:
             "peers": [dict(peer_json(s.peer), goneFor=None if s.gone_at is None else round(now - s.gone_at, 1))
                       for s in self.seen.values()],
             "links": [link.to_json(self.link_state(link)) for link in self.links.values()],
+            # messages that did not apply, on any connection (issue #16): the last ones, and how many
+            "notApplied": self.peer.not_applied.to_json(),
         }
 
     def link_state(self, link: NodeLink) -> NodeLinkState:
@@ -835,6 +839,9 @@ class Node:
             log.error("the last commit failed: %s", exc)
 
     # -- status and metrics -----------------------------------------------------------------------
+
+    def _on_not_applied(self, entry: NotApplied) -> None:
+        self._status_dirty = True
 
     async def _status_writer(self) -> None:
         assert self.status_path is not None

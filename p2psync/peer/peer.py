@@ -41,7 +41,7 @@ from p2psync.replication.observer import NO_OBSERVER, SyncObserver
 from p2psync.replication.protocol import ALL_PROFILES, ReplicationProtocol
 from p2psync.replication.round import SyncRound
 from p2psync.replication.scope import SyncScope
-from p2psync.replication.stats import SyncProgress, SyncStats, SyncSummary
+from p2psync.replication.stats import NotAppliedLog, SyncProgress, SyncStats, SyncSummary
 from p2psync.replication.wire import APP_ID, DEFAULT_BATCH, PeerError
 from p2psync.state.authz import ReadAuthorizer
 from p2psync.state.committer import GroupCommitter
@@ -147,6 +147,9 @@ class Peer:
         #: Called once the other side of a connection served here proved its hello, with that
         #: hello and the address it came from (p2psync/node: a peer is back; who dials us).
         self.on_inbound: Callable[[Hello, str | None], None] | None = None
+        #: Messages that did not apply on any connection, here or at a peer we pushed to (the
+        #: node's status lists the last ones).
+        self.not_applied = NotAppliedLog()
 
     # -- sessions ---------------------------------------------------------------------------
 
@@ -158,7 +161,8 @@ class Peer:
             extra["max_data"] = self.max_data
         proto = ReplicationProtocol(
             identity=self.identity, mine=new_hello(self.identity.did, self.store_id, AGENT, self.listen), active=active,
-            accept_push=self.accept_push, stores=self.stores, observer=self.metrics, channel=channel, **extra,
+            accept_push=self.accept_push, stores=self.stores, observer=self.metrics, channel=channel,
+            not_applied=self.not_applied, **extra,
         )
         return PeerSession(proto, self.service)
 

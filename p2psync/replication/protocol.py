@@ -80,7 +80,7 @@ from p2psync.replication.round import SyncRound
 from p2psync.replication.scope import SyncScope
 from p2psync.replication.sink import HELD_KINDS, Sink, durable
 from p2psync.replication.source import Source, message_entry
-from p2psync.replication.stats import SyncStats
+from p2psync.replication.stats import NotAppliedLog, SyncStats
 from p2psync.replication.wire import (
     DEFAULT_BATCH,
     DEFAULT_MAX_DATA,
@@ -182,6 +182,7 @@ class ReplicationProtocol:
         max_data: int = DEFAULT_MAX_DATA,
         observer: SyncObserver = NO_OBSERVER,
         channel: str | None = None,
+        not_applied: NotAppliedLog | None = None,
     ) -> None:
         self.identity = identity
         #: the connection's channel binding both hello proofs sign (None: plain ws://)
@@ -195,6 +196,8 @@ class ReplicationProtocol:
         #: record data above this is not taken (413 in the listing answer, §6.2)
         self.max_data = max_data
         self.observer = observer
+        #: messages that did not apply, here or at the peer (shared by a peer's connections)
+        self.not_applied = not_applied if not_applied is not None else NotAppliedLog()
         self.theirs: Hello | None = None
         self.hello_ok = False
         self.hello_done = False
@@ -991,6 +994,7 @@ class ReplicationProtocol:
                     try:
                         _, result, _ = yield from self._admit(index, match[0])
                         kind = str(result.kind)
+                        sink.note_result(cid, result)
                     except PeerError as exc:
                         kind = exc.name
                 counts[kind] = counts.get(kind, 0) + 1

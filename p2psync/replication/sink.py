@@ -52,7 +52,7 @@ from p2psync.replication.effects import (
     Transition,
 )
 from p2psync.replication.observer import SyncObserver
-from p2psync.replication.stats import SyncStats
+from p2psync.replication.stats import NotApplied, NotAppliedLog, SyncStats
 from p2psync.replication.window import ProgressWindow, WindowItem
 from p2psync.replication.wire import (
     DEFAULT_MAX_DATA,
@@ -94,6 +94,8 @@ class SinkHost(Protocol):
     """What a sink needs of its connection's protocol object."""
 
     observer: SyncObserver
+    #: every message that did not apply on this peer (the node's status lists the last ones)
+    not_applied: NotAppliedLog
     dependency_slots: Slots
     attachment_slots: Slots
 
@@ -204,6 +206,16 @@ class Sink:
 
     def _count(self, kind: str, n: int = 1) -> None:
         self.stats.results[kind] = self.stats.results.get(kind, 0) + n
+
+    def note_result(self, cid: str, result: ReplicationApplyResult) -> None:
+        """Keep a message that did not apply (Invalid, Incomplete) in this sync's stats and the
+        peer's log, with a line on the log (``-v``)."""
+        entry = NotApplied.of(cid, self.tenant, result.to_json(), peer=self.host.remote_store_id)
+        if entry is not None:
+            self.stats.not_applied.add(entry)
+            self.host.not_applied.add(entry)
+            log.info("collection %d: %s did not apply: %s (%s): %s", self.index, cid, entry.result, entry.code,
+                     entry.reason)
 
     def quota_refused(self, refusal: QuotaExceeded, messages: int) -> None:
         """A quota refused ``messages`` messages (0: a request that named none): counted in the
@@ -496,6 +508,7 @@ class Sink:
                 refuse(400, "RevMismatch", "the message's CID is not messageCid")
             result, _, ticket = yield from self.admit(entry)
             self._count(result.kind)
+            self.note_result(cid, result)
             settled = result.kind in SETTLING_KINDS
             if not settled:
                 self.unsettled += 1

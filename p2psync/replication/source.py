@@ -40,7 +40,7 @@ from p2psync.replication.effects import (
 )
 from p2psync.replication.scope import SyncScope
 from p2psync.replication.sink import SETTLING_KINDS, unsettled_transition
-from p2psync.replication.stats import SyncStats
+from p2psync.replication.stats import NotApplied, NotAppliedLog, SyncStats
 from p2psync.replication.window import ProgressWindow
 from p2psync.replication.wire import INLINE_DATA_MAX, PeerError, decode_body, encode_body
 
@@ -64,6 +64,8 @@ class SourceHost(Protocol):
 
     closed: bool
     close_reason: str | None
+    #: every message that did not apply (here, or at the peer it was pushed to)
+    not_applied: NotAppliedLog
 
     def signal(self) -> Signal: ...
 
@@ -334,6 +336,12 @@ class Source:
             kind = result.get("kind") if isinstance(result, dict) else None
             kind = kind if isinstance(kind, str) else "Unknown"
             self.stats.results[kind] = self.stats.results.get(kind, 0) + 1
+            refused = NotApplied.of(token.message_cid, self.tenant, result, where="peer")
+            if refused is not None:
+                self.stats.not_applied.add(refused)
+                self.host.not_applied.add(refused)
+                log.info("collection %d: %s did not apply at the peer: %s (%s): %s", self.index, token.message_cid,
+                         refused.result, refused.code, refused.reason)
             settled = kind in SETTLING_KINDS
             if not settled and self.push_key is not None:
                 self.unsettled += 1

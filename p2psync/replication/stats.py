@@ -2,10 +2,115 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from typing import Any, Final, Literal
 
-__all__ = ["SyncProgress", "SyncStats", "SyncSummary"]
+__all__ = ["MAX_NOT_APPLIED", "NOT_APPLIED_KINDS", "NotApplied", "NotAppliedLog", "SyncProgress", "SyncStats",
+           "SyncSummary"]
+
+#: How many messages that did not apply a summary or a status names one by one (the latest
+#: ones: a user fixing a cause looks at the newest); past that they are only counted. Ours: a
+#: screenful, and a status file that stays small whatever a peer sends.
+MAX_NOT_APPLIED: Final = 20
+#: The results of a message that will not apply by itself: ``Invalid`` (refused for good: a
+#: forged signature, a rule of the DWN) and ``Incomplete`` (something it depends on never
+#: arrived). Both hold a link out of ``live`` (Incomplete) or settle it silently (Invalid);
+#: either way the user is shown which messages, and why.
+NOT_APPLIED_KINDS: Final = frozenset({"Invalid", "Incomplete"})
+# A reason that starts with a DWN error code ("RecordsWriteSignatureInvalid: ...") names it.
+_CODE: Final = re.compile(r"([A-Z][A-Za-z0-9]+):")
+# A reason comes from the peer (a push's answer); keep a line of it.
+_MAX_REASON: Final = 300
+
+
+@dataclass(frozen=True)
+class NotApplied:
+    """One message that did not apply: where (``here`` for what this node received, ``peer``
+    for what this node pushed), its CID, the result kind, a code and the reason."""
+
+    message_cid: str
+    tenant: str
+    result: str  # Invalid | Incomplete
+    code: str  # the DWN error code the reason names, else the result kind
+    reason: str
+    where: Literal["here", "peer"] = "here"
+    peer: str | None = None  # the other side's storeId, when known
+
+    @classmethod
+    def of(cls, cid: str, tenant: str, result: Any, *, where: Literal["here", "peer"] = "here",
+           peer: str | None = None) -> NotApplied | None:
+        """The record of a ReplicationApplyResult in its JSON form; None unless it is one of
+        :data:`NOT_APPLIED_KINDS`."""
+        kind = result.get("kind") if isinstance(result, dict) else None
+        if kind not in NOT_APPLIED_KINDS:
+            return None
+        if kind == "Invalid":
+            reason = str(result.get("reason") or "no reason given")[:_MAX_REASON]
+            match = _CODE.match(reason)
+            code = match[1] if match else "Invalid"
+        else:
+            missing = result.get("missing")
+            refs = [_ref_text(r) for r in missing] if isinstance(missing, list) else []
+            reason = ("it depends on what never arrived: " + "; ".join(refs[:3])
+                      + (f" and {len(refs) - 3} more" if len(refs) > 3 else ""))[:_MAX_REASON]
+            code = "DependencyMissing"
+        return cls(cid, tenant, str(kind), code, reason, where, peer)
+
+    def to_json(self) -> dict[str, Any]:
+        out = {"messageCid": self.message_cid, "tenant": self.tenant, "result": self.result, "code": self.code,
+               "reason": self.reason, "where": self.where}
+        if self.peer is not None:
+            out["peer"] = self.peer
+        return out
+
+    def line(self) -> str:
+        """One line for a person: ``CID: Invalid (Code): reason``."""
+        at = " at the peer" if self.where == "peer" else ""
+        return f"{self.message_cid}: {self.result}{at} ({self.code}): {self.reason}"
+
+
+def _ref_text(ref: Any) -> str:
+    if not isinstance(ref, dict):
+        return "?"
+    named = ", ".join(f"{k} {v}" for k, v in ref.items() if k not in ("type", "terminal"))
+    return f"{ref.get('type', '?')} ({named})" if named else str(ref.get("type", "?"))
+
+
+@dataclass
+class NotAppliedLog:
+    """The messages that did not apply, the latest :data:`MAX_NOT_APPLIED` of them, and how many
+    (a message seen again while still listed counts once)."""
+
+    count: int = 0
+    last: list[NotApplied] = field(default_factory=list)
+    #: called after each :meth:`add` (a node rewrites its status file); must not raise
+    on_add: Callable[[NotApplied], None] | None = field(default=None, repr=False, compare=False)
+
+    def add(self, entry: NotApplied) -> None:
+        """Keep ``entry``; a message already listed (a round's reconciliation fetched it, then
+        its log offered it again; a peer retries it every round) moves to the end instead of
+        counting twice."""
+        again = [i for i, e in enumerate(self.last) if (e.message_cid, e.where) == (entry.message_cid, entry.where)]
+        for i in reversed(again):
+            del self.last[i]
+        if not again:
+            self.count += 1
+        self.last.append(entry)
+        del self.last[:-MAX_NOT_APPLIED]
+        if self.on_add is not None:
+            self.on_add(entry)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"count": self.count, "last": [e.to_json() for e in self.last]}
+
+    def lines(self, indent: str = "  ") -> list[str]:
+        """``N message(s) did not apply`` and one line per listed message (none when N is 0)."""
+        if not self.count:
+            return []
+        shown = f" (the last {len(self.last)}:)" if self.count > len(self.last) else ":"
+        return [f"{self.count} message(s) did not apply{shown}"] + [f"{indent}{e.line()}" for e in self.last]
 
 
 @dataclass
@@ -28,6 +133,8 @@ class SyncStats:
     # messages moved by reconciliation instead of the log (pull: fetched by CID; push: taken
     # by the peer); their results are counted in ``results`` and ``revs_applied`` too
     reconciled: int = 0
+    #: the messages of ``results``' Invalid and Incomplete, by CID (the last ones)
+    not_applied: NotAppliedLog = field(default_factory=NotAppliedLog)
 
     def count_reconciled(self, results: dict[str, int]) -> None:
         for kind, n in results.items():
@@ -36,7 +143,13 @@ class SyncStats:
         self.revs_applied += results.get("Applied", 0)
 
     def to_json(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if v is not None}
+        out = {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+        out["results"] = dict(self.results)
+        if self.not_applied.count:
+            out["not_applied"] = self.not_applied.to_json()
+        else:
+            del out["not_applied"]
+        return out
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,117 @@
+"""Messages that will never apply are visible (issue #16): the ``sync`` summary (and ``--json``),
+``-v`` and ``status`` name each one with its CID, code and reason.
+
+Device A's store holds, besides honest notes, a forged message slipped into its log behind
+the engine's back (a real write whose descriptor changed after signing), so every peer it
+reaches refuses it as ``Invalid``. The peer is a real ``p2psync serve``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from p2psync.cli.home import Home
+from p2psync.dwn.encoding import message_cid
+from p2psync.dwn.store import Store
+from p2psync.replication.stats import MAX_NOT_APPLIED, NotApplied, NotAppliedLog
+from tests.test_cli_sync import STARTUP_DEADLINE, run, run_json, serving, two_devices
+
+
+def _forge(home: Path, did: str) -> str:
+    """Put a forged copy of one of the store's writes in its log; returns its CID."""
+    store = Store(Home(home).store_path)
+    try:
+        honest = store.messages.get(did, store.messages.cids(did)[0])
+        assert honest is not None
+        forged = copy.deepcopy(honest)
+        forged.pop("encodedData", None)
+        forged["descriptor"]["dataFormat"] = "application/x-forged"
+        forged["recordId"] = "bafyreiaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+        indexes = {"interface": "Records", "method": "Write", "recordId": forged["recordId"]}
+        with store.transaction():
+            store.messages.put(did, forged, indexes)
+            store.events.append(did, message_cid(forged), indexes)
+        return message_cid(forged)
+    finally:
+        store.close()
+
+
+def _shown(entry: dict[str, Any], cid: str) -> None:
+    assert entry["messageCid"] == cid
+    assert entry["result"] == "Invalid"
+    assert entry["code"] and entry["reason"]
+
+
+def test_sync_summary_json_verbose_and_status_name_what_did_not_apply(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a, b, did = two_devices(tmp_path, capsys)
+    for i in range(3):
+        run_json(capsys, a, "write", "--data", f"note {i}")
+    forged = _forge(a, did)
+
+    # A pushes to B's node: B refuses the forged message; A's summary says which and why.
+    with serving(b) as node:
+        code, out, err = run(capsys, a, "sync", node.url, "--push")
+        assert code == 0, err
+        assert "1 message(s) did not apply:" in out
+        line = next(x for x in out.splitlines() if forged in x)
+        assert "Invalid at the peer" in line, out
+        reason = line.split("): ", 1)[1]
+
+        # B's status (the node's status file) lists it too, with the code and the reason.
+        deadline = time.monotonic() + STARTUP_DEADLINE
+        while True:
+            report = run_json(capsys, b, "status", "--json")
+            if (report.get("notApplied") or {}).get("count", 0) >= 1:
+                break
+            assert time.monotonic() < deadline, report
+            time.sleep(0.2)
+        assert report["notApplied"]["count"] == 1
+        entry = report["notApplied"]["last"][0]
+        _shown(entry, forged)
+        assert entry["where"] == "here" and entry["reason"] == reason
+        code, out, _ = run(capsys, b, "status")
+        assert code == 0
+        assert "1 message(s) did not apply since the node started:" in out
+        assert f"{forged}: Invalid ({entry['code']}): {reason}" in out
+
+    # B pulls from A (--json), and a third device with -v: each summary names it, and -v
+    # logs a line for it. (Invalid settles: a link is shown it once.)
+    c = tmp_path / "c"
+    assert run(capsys, c, "init", "--import-key", str(a / "identity.json"))[0] == 0
+    with serving(a) as source:
+        summary = run_json(capsys, b, "sync", source.url, "--json")
+        assert summary["pull"]["not_applied"]["count"] == 1
+        _shown(summary["pull"]["not_applied"]["last"][0], forged)
+        assert summary["pull"]["not_applied"]["last"][0]["reason"] == reason
+        code, out, err = run(capsys, c, "sync", source.url, "-v")
+        assert code == 0, err
+        assert "1 message(s) did not apply:" in out
+        assert f"{forged}: Invalid ({entry['code']}): {reason}" in out
+        logged = [x for x in err.splitlines() if forged in x]
+        assert logged and all("did not apply" in x and reason in x for x in logged), err
+
+
+def test_not_applied_log_keeps_the_last_ones_and_counts_all() -> None:
+    log = NotAppliedLog()
+    for i in range(MAX_NOT_APPLIED + 5):
+        entry = NotApplied.of(f"cid{i}", "did:x", {"kind": "Invalid", "reason": f"SomeCode: reason {i}"})
+        assert entry is not None and entry.code == "SomeCode"
+        log.add(entry)
+    assert log.count == MAX_NOT_APPLIED + 5
+    assert [e.message_cid for e in log.last] == [f"cid{i}" for i in range(5, MAX_NOT_APPLIED + 5)]
+    assert log.lines()[0] == f"{MAX_NOT_APPLIED + 5} message(s) did not apply (the last {MAX_NOT_APPLIED}:)"
+    missing = NotApplied.of("cidm", "did:x", {"kind": "Incomplete", "missing": [
+        {"type": "InitialWrite", "recordId": "r1", "messageCid": "r1"}]})
+    assert missing is not None and missing.code == "DependencyMissing" and "InitialWrite (recordId r1" in missing.reason
+    assert NotApplied.of("c", "did:x", {"kind": "Applied"}) is None
+    log.add(missing)
+    log.add(missing)  # offered again: listed once, counted once
+    assert log.count == MAX_NOT_APPLIED + 6 and [e.message_cid for e in log.last].count("cidm") == 1
+    assert json.loads(json.dumps(log.to_json()))["count"] == MAX_NOT_APPLIED + 6
