@@ -22,13 +22,21 @@ from p2psync.dwn.jws import sign_payload, verify
 from p2psync.replication.wire import HELLO_NONCE_BYTES, PROFILE_VERSION, SUBPROTOCOL, refuse
 
 __all__ = [
-    "HELLO_PURPOSE", "Hello", "HelloChannelMismatch", "HelloProofInvalid", "make_proof", "new_hello", "verify_proof"
+    "HELLO_PURPOSE", "OFFERED_CAPABILITIES", "REVS", "Hello", "HelloChannelMismatch", "HelloProofInvalid",
+    "make_proof", "new_hello", "verify_proof",
 ]
 
 #: Domain separation of hello proofs (§3): no DWN authorization payload carries it.
 HELLO_PURPOSE: Final = "p2psync-hello/1"
 #: ``agent`` text limit (§3).
 MAX_AGENT_CHARS: Final = 256
+#: The capability of the batched `revs` profile (§8.4): a peer that offers it answers `revs`,
+#: and a source sends `revs` only to a peer whose hello offers it (else one `rev` per message).
+REVS: Final = "revs"
+#: What p2psync offers by default.
+OFFERED_CAPABILITIES: Final = (REVS,)
+#: Capabilities kept from a hello; more are ignored (ours: far above the one defined).
+MAX_CAPABILITIES: Final = 32
 _UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _PAYLOAD_MEMBERS: Final = frozenset(
     ("purpose", "subprotocol", "signer", "signerStoreId", "signerNonce", "peer", "peerStoreId", "peerNonce")
@@ -59,6 +67,8 @@ class Hello:
     #: where the sender's node listens: ``(port, tls)``, on the address the connection comes
     #: from (§3 ``listen``); None: it does not serve (a one-shot sync), or did not say
     listen: tuple[int, bool] | None = None
+    #: optional features the sender offers (§3, §15); unknown ones are kept and ignored
+    capabilities: tuple[str, ...] = ()
 
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -68,6 +78,8 @@ class Hello:
             out["agent"] = self.agent
         if self.listen is not None:
             out["listen"] = {"port": self.listen[0], "tls": self.listen[1]}
+        if self.capabilities:
+            out["capabilities"] = list(self.capabilities)
         return out
 
     @classmethod
@@ -92,7 +104,8 @@ class Hello:
         caps = obj.get("capabilities")
         if caps is not None and (not isinstance(caps, list) or not all(isinstance(c, str) for c in caps)):
             refuse(400, "HelloInvalid", "capabilities must be an array of text")
-        return cls(did, store_id, nonce, agent, _listen(obj.get("listen")))
+        capabilities = tuple(caps[:MAX_CAPABILITIES]) if caps is not None else ()
+        return cls(did, store_id, nonce, agent, _listen(obj.get("listen")), capabilities)
 
 
 def _listen(value: Any) -> tuple[int, bool] | None:
@@ -106,9 +119,15 @@ def _listen(value: Any) -> tuple[int, bool] | None:
     return port, tls
 
 
-def new_hello(did: str, store_id: str, agent: str | None = None, listen: tuple[int, bool] | None = None) -> Hello:
-    """Our hello, with a fresh nonce from the CSPRNG."""
-    return Hello(did, store_id, secrets.token_bytes(HELLO_NONCE_BYTES), agent, listen)
+def new_hello(
+    did: str,
+    store_id: str,
+    agent: str | None = None,
+    listen: tuple[int, bool] | None = None,
+    capabilities: tuple[str, ...] = OFFERED_CAPABILITIES,
+) -> Hello:
+    """Our hello, with a fresh nonce from the CSPRNG, offering ``capabilities`` (§15)."""
+    return Hello(did, store_id, secrets.token_bytes(HELLO_NONCE_BYTES), agent, listen, capabilities)
 
 
 def _payload(signer: Hello, peer: Hello, channel: str | None) -> dict[str, str]:

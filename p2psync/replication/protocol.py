@@ -65,7 +65,7 @@ from p2psync.replication.effects import (
     StoreRequest,
     WriteCopy,
 )
-from p2psync.replication.hello import Hello, HelloProofInvalid, make_proof, verify_proof
+from p2psync.replication.hello import REVS, Hello, HelloProofInvalid, make_proof, verify_proof
 from p2psync.replication.observer import NO_OBSERVER, SyncObserver
 from p2psync.replication.recon import (
     MAX_RECONCILE_BODY,
@@ -119,9 +119,10 @@ log = logging.getLogger("p2psync.peer")
 #: getDependencies/getAttachment/proveAttachment, and either role can be a source.
 _SOURCE_PROFILES: Final = frozenset({"getDependencies", "getAttachment", "proveAttachment"})
 PASSIVE_PROFILES: Final = frozenset(
-    {"getCollections", "getCheckpoint", "setCheckpoint", "subChanges", "proposeChanges", "rev", "norev", "reconcile"}
+    {"getCollections", "getCheckpoint", "setCheckpoint", "subChanges", "proposeChanges", "rev", "revs", "norev",
+     "reconcile"}
 ) | _SOURCE_PROFILES
-ACTIVE_PROFILES: Final = frozenset({"changes", "rev", "norev"}) | _SOURCE_PROFILES
+ACTIVE_PROFILES: Final = frozenset({"changes", "rev", "revs", "norev"}) | _SOURCE_PROFILES
 #: Every profile a peer answers (the BLIP handler table is built from this).
 ALL_PROFILES: Final = ("hello", *sorted(PASSIVE_PROFILES | ACTIVE_PROFILES))
 #: `getDependencies` one sink keeps in flight on a connection (§12).
@@ -233,6 +234,7 @@ class ReplicationProtocol:
             "proveAttachment": self._on_prove_attachment,
             "changes": self._on_changes,
             "rev": self._on_rev,
+            "revs": self._on_revs,
             "norev": self._on_norev,
             "reconcile": self._on_reconcile,
         }
@@ -245,6 +247,8 @@ class ReplicationProtocol:
             gen = self._on_hello(body)
         else:
             handler = self._handlers.get(profile)
+            if profile == "revs" and REVS not in self.mine.capabilities:
+                handler = None  # answered as by a peer without the profile (§8.4)
             if handler is None:
                 gen = _refusal(PeerError(404, "ProfileUnknown", f"no handler for {profile[:64]}"))
             else:
@@ -453,6 +457,11 @@ class ReplicationProtocol:
     def spawn(self, gen: Effects, name: str) -> None:
         """Run ``gen`` beside the current operation (its errors are logged)."""
         self._ready.append((_Task(gen, name), None, None))
+
+    @property
+    def batch_revs(self) -> bool:
+        """Whether both hellos offer `revs` (§8.4): a source then sends several messages a request."""
+        return self.theirs is not None and REVS in self.theirs.capabilities and REVS in self.mine.capabilities
 
     def store_later(self, request: StoreRequest) -> None:
         """A store request whose answer nobody waits for."""
@@ -809,6 +818,11 @@ class ReplicationProtocol:
         sink = self._sink("rev", properties)
         result = yield from sink.on_rev(properties, body)
         return SendReply(0, {}, encode_body(result), kind=str(result.get("kind")))
+
+    def _on_revs(self, properties: dict[str, str], body: bytes) -> Effects:
+        sink = self._sink("revs", properties)
+        results = yield from sink.on_revs(body)
+        return SendReply(0, {}, encode_body({"results": results}))
 
     def _on_norev(self, properties: dict[str, str], body: bytes) -> Effects:
         sink = self._sink("norev", properties)

@@ -60,6 +60,7 @@ from p2psync.replication.wire import (
     MAX_ATTACHMENTS_IN_FLIGHT,
     MAX_ENTRIES_PER_REF,
     MAX_REFS,
+    MAX_REVS_ITEMS,
     PeerError,
     decode_body,
     decode_map,
@@ -68,7 +69,9 @@ from p2psync.replication.wire import (
     refuse,
 )
 
-__all__ = ["SETTLING_KINDS", "UNSETTLED_FROM", "Sink", "SinkHost", "check_data", "unsettled_transition"]
+__all__ = [
+    "SETTLING_KINDS", "UNSETTLED_FROM", "Sink", "SinkHost", "check_data", "error_result", "unsettled_transition"
+]
 
 log = logging.getLogger("p2psync.peer")
 
@@ -507,17 +510,7 @@ class Sink:
             if entry.cid != cid:
                 refuse(400, "RevMismatch", "the message's CID is not messageCid")
             result, _, ticket = yield from self.admit(entry)
-            self._count(result.kind)
-            self.note_result(cid, result)
-            settled = result.kind in SETTLING_KINDS
-            if not settled:
-                self.unsettled += 1
-                if self.key is not None:
-                    self.host.store_later(unsettled_transition(self.key, self.direction, result.kind))
-            if result.kind == "Applied":
-                self.stats.revs_applied += 1
-            if settled:
-                self.stats.revs_settled += 1
+            settled = self._take_result(cid, result)
         finally:
             self._prefetch_room += reserved
             if not item.done:
@@ -531,6 +524,81 @@ class Sink:
         if ticket is not None:
             yield from durable(ticket)
         return result.to_json()
+
+    def _take_result(self, cid: str, result: ReplicationApplyResult) -> bool:
+        """Count a message's final result (and name it if it did not apply); returns whether it
+        settles its token (§11)."""
+        self._count(result.kind)
+        self.note_result(cid, result)
+        settled = result.kind in SETTLING_KINDS
+        if not settled:
+            self.unsettled += 1
+            if self.key is not None:
+                self.host.store_later(unsettled_transition(self.key, self.direction, result.kind))
+        if result.kind == "Applied":
+            self.stats.revs_applied += 1
+        if settled:
+            self.stats.revs_settled += 1
+        return settled
+
+    def on_revs(self, body: bytes) -> Effects:
+        """Apply the messages of one `revs` (§8.4), each in its listed turn as a `rev` would be;
+        returns the reply's ``results`` (one per message, in order) once every apply they hold
+        is durably committed. A message refused on its own (a bad entry, one not asked for, a
+        data mismatch) gets its own error there; the others go on."""
+        raw = decode_map(body).get("revs")
+        if not isinstance(raw, list) or not 0 < len(raw) <= MAX_REVS_ITEMS:
+            refuse(400, "BodyInvalid", f"revs must be an array of 1 to {MAX_REVS_ITEMS} entries")
+        self.stats.bytes_received += len(body)
+        results: list[Any] = []
+        commits: list[tuple[Any, list[int]]] = []  # each commit, and the results it holds
+        for obj in raw:
+            try:
+                result, ticket = yield from self._apply_listed(obj)
+            except PeerError as exc:
+                results.append(error_result(exc))
+                continue
+            if ticket is not None:
+                if commits and commits[-1][0] is ticket:
+                    commits[-1][1].append(len(results))
+                else:
+                    commits.append((ticket, [len(results)]))
+            results.append(result.to_json())
+        del raw, obj  # the data is in the open transaction: let go of it before waiting
+        for ticket, held in commits:
+            try:
+                yield from durable(ticket)
+            except PeerError as exc:
+                for i in held:
+                    results[i] = error_result(exc)
+        return results
+
+    def _apply_listed(self, obj: Any) -> Effects:
+        """One `revs` member: a MessageEntry with its item's ``position`` and ``messageCid``.
+        Returns ``(result, ticket of its commit)`` as :meth:`on_rev` would reply it."""
+        if not isinstance(obj, dict) or not isinstance(obj.get("position"), str):
+            refuse(400, "BodyInvalid", "a revs member is a MessageEntry with position and messageCid")
+        cid = obj.get("messageCid")
+        item = self._wanted({"position": obj["position"], "messageCid": cid if isinstance(cid, str) else ""})
+        yield from self._turn(item)
+        settled = False
+        try:
+            self.stats.revs_received += 1
+            try:
+                entry = yield from self.entry_of(obj)
+            except PeerError as exc:
+                self._count(exc.name)
+                raise
+            if entry.cid != cid:
+                refuse(400, "RevMismatch", "the message's CID is not messageCid")
+            result, _, ticket = yield from self.admit(entry)
+            settled = self._take_result(cid, result)
+        finally:
+            if not item.done:
+                self.window.finish(item, settled=settled)
+            self._settle_later()
+            self._notify()
+        return result, ticket
 
     def on_norev(self, properties: dict[str, str]) -> Effects:
         item = self._wanted(properties)
@@ -548,6 +616,12 @@ def unsettled_transition(key: Any, direction: Any, kind: str) -> Transition:
     makes it ``live`` again (:class:`~p2psync.replication.round.SyncRound`)."""
     return Transition(key, LinkState.REPAIRING, "unsettled", direction=direction, error_code=kind,
                       only_from=UNSETTLED_FROM)
+
+
+def error_result(error: PeerError) -> dict[str, Any]:
+    """A refusal of one message of a `revs` as its member of ``results`` (§8.4): the status and
+    the §13 ERR body, as a `rev` would have been refused."""
+    return {"status": error.code, "error": error.body}
 
 
 def durable(ticket: Any) -> Effects:

@@ -42,7 +42,14 @@ from p2psync.replication.scope import SyncScope
 from p2psync.replication.sink import SETTLING_KINDS, unsettled_transition
 from p2psync.replication.stats import NotApplied, NotAppliedLog, SyncStats
 from p2psync.replication.window import ProgressWindow
-from p2psync.replication.wire import INLINE_DATA_MAX, PeerError, decode_body, encode_body
+from p2psync.replication.wire import (
+    INLINE_DATA_MAX,
+    MAX_REVS_BODY,
+    MAX_REVS_ITEMS,
+    PeerError,
+    decode_body,
+    encode_body,
+)
 
 __all__ = ["MAX_UNANSWERED_REV_BYTES", "Source", "SourceHost", "message_entry"]
 
@@ -73,6 +80,11 @@ class SourceHost(Protocol):
 
     def offer(self, tenant: str, entry: ReplicationEntry, size: int | None = None) -> None: ...
 
+    @property
+    def batch_revs(self) -> bool:
+        """Whether both hellos offer `revs` (§8.4): several messages per request."""
+        ...
+
 
 class _Budget:
     """Unanswered `rev`s of one direction: a count and a byte total, each capped (§12)."""
@@ -82,15 +94,16 @@ class _Budget:
         self.count = self.size = 0
         self._freed = freed
 
-    def take(self, size: int) -> Effects:
-        # A body larger than the whole budget still goes, alone.
-        while self.count >= self.max_count or (self.count and self.size + size > self.max_size):
+    def take(self, size: int, count: int = 1) -> Effects:
+        # A body larger than the whole budget still goes, alone; so does a batch of more
+        # messages than the cap.
+        while self.count and (self.count + count > self.max_count or self.size + size > self.max_size):
             yield self._freed
-        self.count += 1
+        self.count += count
         self.size += size
 
-    def give(self, size: int) -> None:
-        self.count -= 1
+    def give(self, size: int, count: int = 1) -> None:
+        self.count -= count
         self.size -= size
         self._freed.fire()
 
@@ -305,15 +318,110 @@ class Source:
         return wanted_revs
 
     def _send_revs(self, wanted: list[Any]) -> Effects:
-        """Start a `rev` per wanted item, taking each one's budget here, in item order: were
-        the revs to compete for freed budget, a later `rev` could take the slot the sink's
-        next-in-line one needs, and with the budget full of later ones nothing would move."""
+        """Start a `rev` per wanted item — or, when both peers offer it, a `revs` per run of
+        consecutive items whose data travels inline (§8.4) — taking each one's budget here, in
+        item order: were the revs to compete for freed budget, a later `rev` could take the
+        slot the sink's next-in-line one needs, and with the budget full of later ones nothing
+        would move."""
+        batching = self.host.batch_revs
+        # A `revs` counts as many unanswered `rev`s as it carries messages (§12).
+        most = min(MAX_REVS_ITEMS, self._budget.max_count)
+        run: list[tuple[ProgressToken, ReplicationEntry, dict[str, Any]]] = []
+        run_bytes = 0
         for token, entry, size, readable in wanted:
             body = None
             if entry is not None and readable:
-                body = encode_body(message_entry(entry, size=size))
+                obj = message_entry(entry, size=size)
+                if batching and ("dataSize" not in obj or "data" in obj):
+                    # Goes in a `revs`: the entry with its token's position and CID.
+                    obj["position"], obj["messageCid"] = str(token.position), token.message_cid
+                    item_bytes = _approx_size(entry)
+                    if run and (len(run) >= most or run_bytes + item_bytes > MAX_REVS_BODY):
+                        yield from self._start_batch(run)
+                        run, run_bytes = [], 0
+                    run.append((token, entry, obj))
+                    run_bytes += item_bytes
+                    continue
+                body = encode_body(obj)
+            if run:
+                yield from self._start_batch(run)
+                run, run_bytes = [], 0
             yield from self._budget.take(len(body) if body is not None else 0)
             self.host.spawn(self._send_rev(token, entry, size, body), "rev")
+        if run:
+            yield from self._start_batch(run)
+
+    def _start_batch(self, run: list[tuple[ProgressToken, ReplicationEntry, dict[str, Any]]]) -> Effects:
+        if len(run) == 1:  # one message: a plain `rev` says the same in fewer bytes
+            token, entry, obj = run[0]
+            del obj["position"], obj["messageCid"]
+            body = encode_body(obj)
+            yield from self._budget.take(len(body))
+            self.host.spawn(self._send_rev(token, entry, None, body), "rev")
+            return
+        body = encode_body({"revs": [obj for _, _, obj in run]})
+        yield from self._budget.take(len(body), len(run))
+        self.host.spawn(self._send_batch([token for token, _, _ in run], body), "revs")
+
+    def _send_batch(self, tokens: list[ProgressToken], body: bytes) -> Effects:
+        """One `revs` request (§8.4): each message's result settles its token as a `rev`'s
+        would; a refusal of the whole request leaves them all unsettled."""
+        done = 0
+        try:
+            self.stats.revs_sent += len(tokens)
+            self.stats.bytes_sent += len(body)
+            try:
+                # Not compressed: on loopback deflate cost more CPU than it saved (§12).
+                reply: Response = yield Call("revs", self.props, body)
+                results = decode_body(reply.body)
+                results = results.get("results") if isinstance(results, dict) else None
+                outcomes: list[Any] = results if isinstance(results, list) else []
+            except PeerError as exc:
+                log.info("revs of collection %d: %s", self.index, exc)
+                outcomes = [exc] * len(tokens)
+            for i, token in enumerate(tokens):
+                outcome = _batch_outcome(outcomes[i] if i < len(outcomes) else None)
+                settled = yield from self._count_outcome(outcome, token, outcomes[i] if i < len(outcomes) else None)
+                self._finish(token, settled)
+                done += 1
+        finally:
+            for token in tokens[done:]:  # cancelled, or the connection ended
+                self._finish(token, False)
+            self._budget.give(len(body), len(tokens))
+            self._progress()
+
+    def _count_outcome(self, outcome: str | PeerError, token: ProgressToken, result: Any = None) -> Effects:
+        """Count one message's outcome (a result kind or a refusal; ``result``: the peer's
+        ReplicationApplyResult, named if it did not apply); returns whether it settles."""
+        if isinstance(outcome, PeerError):
+            self.stats.results[outcome.name] = self.stats.results.get(outcome.name, 0) + 1
+            if isinstance(outcome, QuotaExceeded) and self.failure is None:
+                self.failure = outcome  # the sink takes nothing more: end the direction with it
+            return False
+        kind = outcome
+        self.stats.results[kind] = self.stats.results.get(kind, 0) + 1
+        refused = NotApplied.of(token.message_cid, self.tenant, result, where="peer")
+        if refused is not None:
+            self.stats.not_applied.add(refused)
+            self.host.not_applied.add(refused)
+            log.info("collection %d: %s did not apply at the peer: %s (%s): %s", self.index, token.message_cid,
+                     refused.result, refused.code, refused.reason)
+        settled = kind in SETTLING_KINDS
+        if not settled and self.push_key is not None:
+            self.unsettled += 1
+            yield unsettled_transition(self.push_key, self.direction, kind)
+        if kind == "Applied":
+            self.stats.revs_applied += 1
+        if settled:
+            self.stats.revs_settled += 1
+        return settled
+
+    def _finish(self, token: ProgressToken, settled: bool) -> None:
+        if self.window is not None:
+            item = self.window.get(token.position, token.message_cid)
+            if item is not None:
+                ProgressWindow.finish(item, settled=settled)
+            self._record_push_later()
 
     def _send_rev(
         self, token: ProgressToken, entry: ReplicationEntry | None, size: int | None, body: bytes | None
@@ -334,34 +442,13 @@ class Source:
             reply: Response = yield Call("rev", props, body, compress=len(body) > 1024)
             result = decode_body(reply.body)
             kind = result.get("kind") if isinstance(result, dict) else None
-            kind = kind if isinstance(kind, str) else "Unknown"
-            self.stats.results[kind] = self.stats.results.get(kind, 0) + 1
-            refused = NotApplied.of(token.message_cid, self.tenant, result, where="peer")
-            if refused is not None:
-                self.stats.not_applied.add(refused)
-                self.host.not_applied.add(refused)
-                log.info("collection %d: %s did not apply at the peer: %s (%s): %s", self.index, token.message_cid,
-                         refused.result, refused.code, refused.reason)
-            settled = kind in SETTLING_KINDS
-            if not settled and self.push_key is not None:
-                self.unsettled += 1
-                yield unsettled_transition(self.push_key, self.direction, kind)
-            if kind == "Applied":
-                self.stats.revs_applied += 1
-            if settled:
-                self.stats.revs_settled += 1
+            settled = yield from self._count_outcome(kind if isinstance(kind, str) else "Unknown", token, result)
         except PeerError as exc:
             log.info("rev %s of collection %d: %s", token.position, self.index, exc)
-            self.stats.results[exc.name] = self.stats.results.get(exc.name, 0) + 1
-            if isinstance(exc, QuotaExceeded) and self.failure is None:
-                self.failure = exc  # the sink takes nothing more: end the direction with it
+            yield from self._count_outcome(exc, token)
         finally:
             self._budget.give(len(body) if body is not None else 0)
-            if self.window is not None:
-                item = self.window.get(token.position, token.message_cid)
-                if item is not None:
-                    ProgressWindow.finish(item, settled=settled)
-                self._record_push_later()
+            self._finish(token, settled)
             self._progress()
 
     def _push_steps(self) -> RecordSteps | None:
@@ -392,6 +479,29 @@ class Source:
     def _progress(self) -> None:
         if self._on_progress is not None:
             self._on_progress()
+
+
+def _approx_size(entry: ReplicationEntry) -> int:
+    """A `revs` item's bytes, roughly (for packing under ``MAX_REVS_BODY``): its data plus a
+    generous allowance for the message (DWN messages are rarely above 2 KiB)."""
+    return (len(entry.data) if entry.data is not None else 0) + 4096
+
+
+def _batch_outcome(obj: Any) -> str | PeerError:
+    """One member of a `revs` reply's ``results`` (§8.4): a ReplicationApplyResult (read by its
+    ``kind``) or ``{"status": code, "error": §13 body}``, read into its refusal class as an ERR
+    would be. Anything else reads as ``Unknown`` (not settled)."""
+    if isinstance(obj, PeerError):
+        return obj
+    if not isinstance(obj, dict):
+        return "Unknown"
+    status, error = obj.get("status"), obj.get("error")
+    if type(status) is int and isinstance(error, dict):
+        name, detail = error.get("code"), error.get("detail")
+        return PeerError.read(status, name if isinstance(name, str) else "Unknown",
+                              detail if isinstance(detail, str) else "", error)
+    kind = obj.get("kind")
+    return kind if isinstance(kind, str) else "Unknown"
 
 
 def _item(token: ProgressToken, entry: ReplicationEntry | None, size: int | None) -> list[Any]:

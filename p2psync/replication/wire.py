@@ -66,6 +66,11 @@ HELLO_TIMEOUT: Final = 10.0
 MAX_CHECKPOINT_BODY: Final = 512 * 1024
 #: ``rev`` body (§8.2, §12).
 MAX_REV_BODY: Final = 1024 * 1024
+#: ``revs`` (§8.4, §12): messages per request, and bytes of its body (a single message larger
+#: than this goes alone, as a `rev`). 64 is the group committer's batch: one `revs` request's
+#: applies share one commit; ours, measured with tests/bench/bench_peer.py.
+MAX_REVS_ITEMS: Final = 64
+MAX_REVS_BODY: Final = 1024 * 1024
 #: Record data a sink accepts by default (§6.2, §12).
 DEFAULT_MAX_DATA: Final = 100 * 1024 * 1024
 

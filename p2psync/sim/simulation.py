@@ -40,7 +40,7 @@ from p2psync.replication.effects import (
     StoreCall,
     WaitForLog,
 )
-from p2psync.replication.hello import Hello
+from p2psync.replication.hello import REVS, Hello
 from p2psync.replication.protocol import ReplicationProtocol
 from p2psync.replication.scope import SyncScope
 from p2psync.replication.wire import PeerError
@@ -142,6 +142,11 @@ class Simulation:
                     (seeded_uuid(rng), seeded_uuid(rng)), self.clock, skew=rng.randint(-2, 2))
             for i in range(config.peers)
         ]
+        # Every third peer (by seed and index, not by the random source, so the seeds' runs
+        # stay as they were) offers no `revs`: both the batched path and the one-`rev`
+        # fallback run in most seeds (replication-profiles.md §8.4).
+        for peer in self.peers:
+            peer.offers_revs = (seed + peer.index) % 3 != 0
         self.links: list[Link] = []
         for i, (a, b) in enumerate(edges_of(config.topology, config.peers, rng)):
             active, passive = (a, b) if rng.random() < 0.5 else (b, a)
@@ -328,7 +333,8 @@ class Simulation:
         self.connections += 1
         protos = [
             ReplicationProtocol(identity=self.cast.alice, active=side == 0, max_unanswered_revs=self.max_revs,
-                                mine=Hello(self.tenant, peer.store_id, self.rng.randbytes(32), "p2psync-sim"))
+                                mine=Hello(self.tenant, peer.store_id, self.rng.randbytes(32), "p2psync-sim",
+                                           capabilities=(REVS,) if peer.offers_revs else ()))
             for side, peer in enumerate((a, p))
         ]
         conn = Connection(self.connections, link, (Endpoint(a, protos[0], generation=a.generation),
@@ -437,6 +443,8 @@ class Simulation:
         elif isinstance(out, SendRequest):
             conn.rids += 1
             other = 1 - side
+            if out.profile in ("rev", "revs"):
+                self.counts[out.profile] += 1  # both paths are exercised (§8.4)
             if not out.no_reply:
                 conn.ends[other].asked[conn.rids] = (out.ref, out.max_reply)
             conn.in_flight.append(Envelope(other, "request", (conn.rids, out.profile, out.properties, out.body),

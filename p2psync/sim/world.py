@@ -92,6 +92,8 @@ class SimPeer:
     store: Store = field(init=False)
     service: StoreService = field(init=False)
     generation: int = 0
+    #: whether its hellos offer the batched `revs` profile (replication-profiles.md §8.4)
+    offers_revs: bool = True
 
     def __post_init__(self) -> None:
         self.open()

@@ -129,7 +129,10 @@ class LocalStoreFetcher:
         if message is None:
             return None
         indexes = self.store.messages.get_indexes(tenant, cid) or {}
-        entry = self._entry(tenant, message, latest=indexes.get("isLatestBaseState") is True, load=False)
+        # The log's CID is the entry's, except for a zero-byte record whose CID keeps its
+        # empty ``encodedData`` (FACTS.md): only then is it worth computing again.
+        known = cid if message.get("encodedData") != "" else None
+        entry = self._entry(tenant, message, latest=indexes.get("isLatestBaseState") is True, load=False, cid=known)
         if entry.data is not None:
             return entry, len(entry.data)
         descriptor = message.get("descriptor", {})
@@ -140,7 +143,7 @@ class LocalStoreFetcher:
             kept = archived_data(self.store, tenant, cid)[1]  # superseded here, kept in the archive
             if kept is not None:
                 small = len(kept) <= MAX_DATA_SIZE_ENCODED
-                return (ReplicationEntry(entry.message, kept) if small else entry), len(kept)
+                return (ReplicationEntry(entry.message, kept, entry.cid) if small else entry), len(kept)
         return entry, None
 
     def record_entries(self, tenant: str, record_id: str, protocol: str | None = None) -> list[ReplicationEntry]:
@@ -230,7 +233,9 @@ class LocalStoreFetcher:
             and descriptor["dataSize"] > MAX_DATA_SIZE_ENCODED
         )
 
-    def _entry(self, tenant: str, stored: Message, *, latest: bool, load: bool = True) -> ReplicationEntry:
+    def _entry(
+        self, tenant: str, stored: Message, *, latest: bool, load: bool = True, cid: str | None = None
+    ) -> ReplicationEntry:
         """A stored message as it travels: ``encodedData`` taken out as the entry's data
         (and data kept out of line read in, unless ``load`` is false)."""
         message = {k: v for k, v in stored.items() if k != "encodedData"}
@@ -245,7 +250,7 @@ class LocalStoreFetcher:
             # A write superseded since it came: the state dropped its data, the archive kept
             # it, and a message sorting before the change may need it (docs/replication-apply.md).
             data = archived_data(self.store, tenant, message_cid(message))[1]
-        return ReplicationEntry(message, data)
+        return ReplicationEntry(message, data, cid or "")
 
 
 def _is_write_with_data(message: Message) -> bool:

@@ -74,3 +74,19 @@ def test_the_hello_proofs_verify_and_bind_both_nonces() -> None:
     verify_proof(proofs["A"], hellos["B"], hellos["A"])
     with pytest.raises(HelloProofInvalid):
         verify_proof(proofs["A"], hellos["A"], hellos["B"])  # a proof is for one direction only
+
+
+def test_the_revs_example_is_what_the_sink_answers() -> None:
+    """§8.4: each RevEntry is judged on its own; the damaged one is refused, the other applied."""
+    from tests.peer.make_revs_example import results_for
+
+    request, reply = load(EXAMPLES / "14-revs.json")
+    assert request["properties"]["Profile"] == "revs" and reply["type"] == "RPY"
+    body = from_dag_json(request["body"])
+    assert [m["position"] for m in body["revs"]] == ["7", "8"]
+    recorded = from_dag_json(reply["body"])["results"]
+    again = results_for(body)
+    # The apply's position names the fresh store's stream: compare what does not depend on it.
+    assert [r.get("kind") for r in again] == [r.get("kind") for r in recorded] == ["Applied", None]
+    assert again[1] == recorded[1] == {"status": 424, "error": {"code": "AttachmentInvalid",
+                                                               "detail": "data does not hash to dataCid"}}

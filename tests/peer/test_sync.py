@@ -12,8 +12,11 @@ import pytest
 import trio
 
 from p2psync.dwn.encoding import message_cid
+from p2psync.peer import peer as peer_module
 from p2psync.peer.peer import Peer
+from p2psync.replication.hello import new_hello
 from p2psync.replication.scope import SyncScope
+from p2psync.replication.sink import Sink
 from p2psync.replication.wire import PeerError
 from p2psync.state.copies import checkpoint_id
 from p2psync.state.ledger import Direction
@@ -21,20 +24,55 @@ from tests.peer.support import Clock, assert_same, new_store, seeded, served, wr
 
 ALICE = seeded("alice-peer")
 
+#: Who offers the batched `revs` profile in hello (§8.4): both (batched), or one side not
+#: (every message in its own `rev`, the fallback).
+BATCHING = ["both-offer-revs", "passive-without-revs", "active-without-revs"]
 
+
+def offer_revs(monkeypatch: pytest.MonkeyPatch, batching: str, passive: Peer, active: Peer) -> list[int]:
+    """Make the named peer's hellos offer no capabilities; returns a list that grows by the
+    number of messages of each `revs` request a sink answers."""
+    without = {"passive-without-revs": passive.store_id, "active-without-revs": active.store_id}.get(batching)
+
+    def hello(did: str, store_id: str, *args: object) -> object:
+        return new_hello(did, store_id, *args, capabilities=() if store_id == without else ("revs",))  # type: ignore[arg-type]
+
+    monkeypatch.setattr(peer_module, "new_hello", hello)
+    batches: list[int] = []
+    on_revs = Sink.on_revs
+
+    def counted(self: Sink, body: bytes):  # type: ignore[no-untyped-def]
+        results = yield from on_revs(self, body)
+        batches.append(len(results))
+        return results
+
+    monkeypatch.setattr(Sink, "on_revs", counted)
+    return batches
+
+
+@pytest.mark.parametrize("batching", BATCHING)
 @pytest.mark.parametrize("passive_holds", [True, False], ids=["pull", "push"])
-async def test_one_shot_each_way(tmp_path: Path, passive_holds: bool) -> None:
-    """The records reach the other store whichever side opened the connection."""
+async def test_one_shot_each_way(
+    tmp_path: Path, passive_holds: bool, batching: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The records reach the other store whichever side opened the connection, in `revs`
+    batches when both offer them and one `rev` a message when either does not (§8.4)."""
     a, b = new_store(tmp_path, "a"), new_store(tmp_path, "b")
     holder = a if passive_holds else b
     write_notes(holder, ALICE, 30, clock=Clock(), sizes={5: 40_000})
     passive, active = Peer(a, ALICE), Peer(b, ALICE)
+    batches = offer_revs(monkeypatch, batching, passive, active)
     async with served(passive) as url:
         summary = await active.sync(url, tenant=ALICE.did, direction="pull" if passive_holds else "push")
     assert_same(a, b, ALICE)
     stats = summary.pull if passive_holds else summary.push
     assert stats is not None
     assert stats.revs_settled == 30 and stats.results == {"Applied": 30}
+    if batching == "both-offer-revs":
+        # The large record goes alone (its data by getAttachment); the rest in batches.
+        assert sum(batches) == 29 and max(batches) > 1
+    else:
+        assert batches == []
     if passive_holds:
         assert stats.attachments_fetched == 1  # the 40,000-byte record came by getAttachment
     # The frontier of the direction that ran is saved on both sides.
@@ -233,7 +271,12 @@ async def test_continuous_both_ways(tmp_path: Path) -> None:
 
 
 
-async def test_forged_message_pushed_is_refused_and_harms_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("batching", BATCHING)
+async def test_forged_message_pushed_is_refused_and_harms_nothing(
+    tmp_path: Path, batching: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A forged message is answered Invalid on its own; in a `revs` batch the other messages
+    of the batch are applied all the same."""
     a, b = new_store(tmp_path, "a"), new_store(tmp_path, "b")
     write_notes(a, ALICE, 10, clock=Clock())
     # Slip a forged message into the pusher's own log, bypassing its engine: a real write whose
@@ -248,10 +291,12 @@ async def test_forged_message_pushed_is_refused_and_harms_nothing(tmp_path: Path
         a.messages.put(ALICE.did, forged, indexes)
         a.events.append(ALICE.did, message_cid(forged), indexes)
     passive, active = Peer(b, ALICE), Peer(a, ALICE)
+    batches = offer_revs(monkeypatch, batching, passive, active)
     async with served(passive) as url:
         summary = await active.sync(url, tenant=ALICE.did, direction="push")
     assert summary.push is not None
     assert summary.push.results.get("Invalid") == 1 and summary.push.results.get("Applied") == 10
+    assert sum(batches) == (11 if batching == "both-offer-revs" else 0)
     assert not b.messages.has(ALICE.did, message_cid(forged))
     assert len(b.messages.cids(ALICE.did)) == 10
     # Invalid settles (§11): the push frontier passed it, nothing is left to retry.

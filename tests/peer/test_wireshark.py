@@ -22,7 +22,9 @@ PLUGIN = Path(__file__).resolve().parents[2] / "protocol" / "wireshark" / "p2psy
 ALICE = seeded("wireshark-alice")
 SECRET = "the-secret-text-of-note"
 #: What a first pull of a few records sends, whatever else it does (replication-profiles.md §14).
-PULL_PROFILES = {"hello", "getCollections", "subChanges", "changes", "rev"}
+PULL_PROFILES = {"hello", "getCollections", "subChanges", "changes"}
+#: ...and its messages, in `revs` batches between two p2psync peers (§8.4), else in `rev`s.
+REV_PROFILES = {"rev", "revs"}
 #: A ``Profile`` property as the BLIP dissector shows properties: ``Profile:rev:collection:0``.
 PROFILE = re.compile(r"\bProfile:(\w+)")
 
@@ -84,6 +86,6 @@ async def test_tshark_decodes_a_wss_sync_with_the_key_log_and_the_plugin(
                                 "-e", "blip.messagebody"])
     assert "BLIP_3+P2PSync_1" in decoded
     profiles = set(PROFILE.findall(decoded))
-    assert profiles >= PULL_PROFILES, profiles
+    assert profiles >= PULL_PROFILES and profiles & REV_PROFILES, profiles
     assert all(f"{SECRET} {i}" in decoded for i in range(5))
     assert ALICE.did in decoded

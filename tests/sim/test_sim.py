@@ -154,3 +154,14 @@ def test_p2psync_sim_is_a_command_of_the_cli(capsys: pytest.CaptureFixture[str])
     assert p2psync(["sim", "--peers", "2", "--seeds", "1", "--seed-start", "3", "--steps", "30", "--quiet"]) == 0
     assert capsys.readouterr().out.splitlines() == ["sim: 1 seeds, 1 converged, 0 diverged, 0 lost, 0 stuck"]
     assert p2psync(["sim", "--peers", "9"]) == 2
+
+
+def test_seeds_run_the_batched_path_and_the_one_rev_fallback(tmp_path: Path) -> None:
+    """Every third peer offers no `revs` (§8.4): across a few seeds both the batched requests
+    and the single `rev`s of a fallback connection carry messages, and every seed converges."""
+    totals: Counter[str] = Counter()
+    for seed in range(3):
+        result = run_seed(seed, SimConfig(peers=3, steps=120, topology="mesh"), tmp_path / str(seed))
+        assert result.ok, result.findings[:3]
+        totals.update({k: result.counts.get(k, 0) for k in ("rev", "revs")})
+    assert totals["revs"] > 0 and totals["rev"] > 0, totals
