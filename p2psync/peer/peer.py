@@ -37,6 +37,7 @@ from p2psync.peer.repair import RepairProgress, RepairSummary, WantedMessage, fe
 from p2psync.peer.retry import RetryGate
 from p2psync.peer.session import PRE_HELLO_MAX_MESSAGE, SERVED_GATHER_BYTES, PeerSession
 from p2psync.replication.hello import Hello, new_hello
+from p2psync.replication.inflight import InFlightClaims
 from p2psync.replication.observer import NO_OBSERVER, SyncObserver
 from p2psync.replication.protocol import ALL_PROFILES, ReplicationProtocol
 from p2psync.replication.round import SyncRound
@@ -130,6 +131,9 @@ class Peer:
         self.quotas = None if quotas is None else Quotas(store, quotas)
         self.service = StoreService(store, dwn=self.dwn, ledger=self.ledger, copies=self.copies,
                                     committer=self.committer, authorizer=self.authorizer, quotas=self.quotas)
+        #: the messages some connection of this peer is receiving now: the others decline them
+        #: (issue #17: each body crosses once per receiver)
+        self.in_flight = InFlightClaims()
         self.max_unanswered_revs = max_unanswered_revs
         self.max_data = max_data
         self._rng = rng or random.Random()
@@ -164,7 +168,7 @@ class Peer:
             accept_push=self.accept_push, stores=self.stores, observer=self.metrics, channel=channel,
             not_applied=self.not_applied, **extra,
         )
-        return PeerSession(proto, self.service)
+        return PeerSession(proto, self.service, self.in_flight)
 
     def session_for(self, conn: blip.Connection, active: bool) -> PeerSession:
         """The session of ``conn`` (made on first use)."""

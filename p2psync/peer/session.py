@@ -22,12 +22,15 @@ import trio
 from p2psync import blip
 from p2psync.blip.rpc import MAX_QUEUED_REPLY_BYTES_HARD
 from p2psync.replication.effects import (
+    AwaitClaim,
+    ClaimMessages,
     CloseConnection,
     Collection,
     Durable,
     Operation,
     OperationFinished,
     RecordSteps,
+    ReleaseClaims,
     SendError,
     SendReply,
     SendRequest,
@@ -35,6 +38,7 @@ from p2psync.replication.effects import (
     WaitForLog,
 )
 from p2psync.replication.hello import Hello
+from p2psync.replication.inflight import InFlightClaims
 from p2psync.replication.protocol import ALL_PROFILES, HelloFailed, ReplicationProtocol
 from p2psync.replication.sink import Sink
 from p2psync.replication.source import Source
@@ -98,9 +102,12 @@ def from_blip(exc: blip.BlipError) -> PeerError:
 class PeerSession:
     """One connection's driver: ``proto`` (either role) over BLIP, its store requests on ``service``."""
 
-    def __init__(self, proto: ReplicationProtocol, service: StoreService) -> None:
+    def __init__(self, proto: ReplicationProtocol, service: StoreService,
+                 in_flight: InFlightClaims | None = None) -> None:
         self.proto = proto
         self.service = service
+        #: shared by every connection of the peer (None: this connection's own, so no dedup)
+        self.in_flight = in_flight if in_flight is not None else InFlightClaims()
         self.observer = proto.observer
         self.conn: blip.Connection | None = None
         self._max_message = REPLICATION_MAX_MESSAGE  # what the connection takes once hello has succeeded
@@ -212,6 +219,9 @@ class PeerSession:
 
     def _store(self, call: StoreCall) -> None:
         request = call.request
+        if isinstance(request, ClaimMessages | ReleaseClaims | AwaitClaim):
+            self._claims(call)
+            return
         if isinstance(request, Durable):
             # One task per batch waits for its commit and answers every `rev` in it.
             waiting = self._durable.get(request.ticket)
@@ -240,6 +250,32 @@ class PeerSession:
             self.proto.store_failed(call.ref, exc)
         else:
             self.proto.store_done(call.ref, value)
+
+    def _claims(self, call: StoreCall) -> None:
+        """The peer's in-flight claims (issue #17), kept here beside the store's service."""
+        request = call.request
+        if isinstance(request, ClaimMessages):
+            self.proto.store_done(call.ref, self.in_flight.claim(request.tenant, request.cids, request.claimant))
+        elif isinstance(request, ReleaseClaims):
+            self.in_flight.release(request.tenant, request.cids, request.claimant, held=request.held)
+        elif isinstance(request, AwaitClaim):
+            assert self.conn is not None
+            self.conn.start_soon(self._await_claim, call)
+
+    async def _await_claim(self, call: StoreCall) -> None:
+        request = call.request
+        assert isinstance(request, AwaitClaim)
+        ended = trio.Event()
+        answer: list[bool] = []
+
+        def tell(held: bool) -> None:
+            answer.append(held)
+            ended.set()
+
+        self.in_flight.wait(request.tenant, request.cid, tell)
+        await ended.wait()
+        self.proto.store_done(call.ref, answer[0])
+        self.pump()
 
     async def _batch_durable(self, ticket: Any) -> None:
         error: BaseException | None = None

@@ -46,6 +46,9 @@ __all__ = [
     "AnswerRefs",
     "Apply",
     "ApplyGrant",
+    "AwaitClaim",
+    "ClaimMessages",
+    "ReleaseClaims",
     "Authorize",
     "Call",
     "CloseConnection",
@@ -303,6 +306,36 @@ class HeldMessages(StoreRequest):
 
     tenant: str
     cids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimMessages(StoreRequest):
+    """Claim these wanted message CIDs for ``claimant`` (a sink) in the store's
+    :class:`~p2psync.replication.inflight.InFlightClaims`; answers the set another sink of this
+    store is receiving already (issue #17)."""
+
+    tenant: str
+    cids: tuple[str, ...]
+    claimant: object
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseClaims(StoreRequest):
+    """``claimant``'s claims on these CIDs end; ``held``: its apply of them is durable."""
+
+    tenant: str
+    cids: tuple[str, ...]
+    claimant: object
+    held: bool
+
+
+@dataclass(frozen=True, slots=True)
+class AwaitClaim(StoreRequest):
+    """Until another sink's claim on ``cid`` ends; answers whether the store durably holds it."""
+
+    tenant: str
+    cid: str
+    durable = True
 
 
 @dataclass(frozen=True, slots=True)

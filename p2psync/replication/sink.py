@@ -40,11 +40,14 @@ from p2psync.replication.closure import (
 )
 from p2psync.replication.effects import (
     Apply,
+    AwaitClaim,
     Call,
+    ClaimMessages,
     Durable,
     HeldMessages,
     QuotaFit,
     RecordSteps,
+    ReleaseClaims,
     Response,
     Signal,
     Slots,
@@ -109,6 +112,8 @@ class SinkHost(Protocol):
 
     def store_later(self, request: StoreRequest) -> None: ...
 
+    def spawn(self, gen: Effects, name: str) -> None: ...
+
 
 class Sink:
     """One direction's receiving side for collection ``index`` (see the module doc).
@@ -153,6 +158,9 @@ class Sink:
         #: a quota refused something: nothing more is taken, and the sink fails with this
         #: once what it already took is answered
         self.full: QuotaExceeded | None = None
+        #: message CIDs this sink claimed in the store's in-flight claims (it receives them;
+        #: other links decline them until it released them)
+        self.claimed: set[str] = set()
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -162,7 +170,7 @@ class Sink:
             return
         self.changed.fire()
         # Wake only the `rev` whose turn it now is: hundreds may be waiting (§12's 1,000).
-        first = self.window.first_open()
+        first = self.window.first_turn()
         if first is not None and first.turn is not None:
             first.turn.fire()
         if self.on_progress is not None:
@@ -172,6 +180,7 @@ class Sink:
         """End this feed with ``error`` (seen by whoever waits on it)."""
         if self.failed is None:
             self.failed = error
+        self._release(tuple(self.claimed), held=False)  # other links wait for these: not coming
         for item in self.window.open_items():
             if item.turn is not None:
                 item.turn.fire()
@@ -200,7 +209,7 @@ class Sink:
 
     def _turn(self, item: WindowItem) -> Effects:
         """Wait until every item listed before ``item`` has an outcome (apply in listed order)."""
-        while self.failed is None and self.window.first_open() is not item:
+        while self.failed is None and self.window.first_turn() is not item:
             if item.turn is None:
                 item.turn = self.host.signal()
             yield item.turn
@@ -362,13 +371,20 @@ class Sink:
                 statuses.append(413)
             else:
                 statuses.append(0)
+        elsewhere = yield from self._claim(listed, statuses, pull=pull)
         taken = yield from self._fit(listed, statuses)
+        self._release(tuple(t.message_cid for t, _ in listed[taken:]), held=False)
         for (token, size), status in zip(listed[:taken], statuses[:taken], strict=True):
             if status == 413:  # settled, and a link error (§6.2): counted, logged, never fetched
                 self._count("DataTooLarge")
                 log.warning("collection %d: %s has %d bytes of data, above this peer's limit of %d; skipped",
                             self.index, token.message_cid, size, self.max_data)
-            self.window.add(token, settled=None if status == 0 else True)
+            if token.message_cid in elsewhere and pull:
+                item = self.window.add(token)
+                item.elsewhere = True
+                self.host.spawn(self._await_elsewhere(item), "elsewhere")
+            else:
+                self.window.add(token, settled=None if status == 0 else True)
         self.stats.items_offered += len(listed)
         self.stats.items_skipped += sum(1 for status in statuses[:taken] if status)
         last = self.window.last
@@ -381,6 +397,48 @@ class Sink:
         while statuses and statuses[-1] == 0:
             statuses.pop()  # trailing zeros are implied (§6.2)
         return statuses
+
+    def _claim(self, listed: list[tuple[ProgressToken, int | None]], statuses: list[int], *, pull: bool) -> Effects:
+        """Claim the wanted items in the store's in-flight claims; those another link of this
+        store is receiving already are declined (issue #17): ``304`` to a `changes` (this sink
+        keeps the token open until that apply is durable: :meth:`_await_elsewhere`), ``503``
+        to a `proposeChanges` (the pusher keeps it unsettled and offers it again later: its
+        checkpoint never passes a message that may still fail to arrive). Returns the
+        declined CIDs."""
+        wanted = tuple(token.message_cid for (token, _), status in zip(listed, statuses, strict=True) if status == 0)
+        if not wanted:
+            return set()
+        elsewhere: set[str] = yield ClaimMessages(self.tenant, wanted, self)
+        for i, (token, _) in enumerate(listed):
+            if statuses[i] == 0:
+                if token.message_cid in elsewhere:
+                    statuses[i] = 304 if pull else 503
+                else:
+                    self.claimed.add(token.message_cid)
+        self.stats.items_elsewhere += len(elsewhere)
+        return elsewhere
+
+    def _release(self, cids: tuple[str, ...], *, held: bool) -> None:
+        """End this sink's claims on ``cids`` (those it holds): ``held``, its apply is durable."""
+        mine = tuple(cid for cid in cids if cid in self.claimed)
+        if mine:
+            self.claimed.difference_update(mine)
+            self.host.store_later(ReleaseClaims(self.tenant, mine, self, held))
+
+    def _await_elsewhere(self, item: WindowItem) -> Effects:
+        """A `changes` item declined because another link was receiving it: settled once that
+        apply is durable; when that link gave up, left unsettled like a `Deferred` result (the
+        checkpoint stays before it and the next round offers it again: nothing is lost)."""
+        held = yield AwaitClaim(self.tenant, item.token.message_cid)
+        if item.done:
+            return
+        self.window.finish(item, settled=bool(held))
+        if not held and self.failed is None:
+            self.unsettled += 1
+            if self.key is not None:
+                self.host.store_later(unsettled_transition(self.key, self.direction, "Deferred"))
+        self._settle_later()
+        self._notify()
 
     def _fit(self, listed: list[tuple[ProgressToken, int | None]], statuses: list[int]) -> Effects:
         """How many of ``listed`` to take (the wanted ones fit the quotas up to the first that
@@ -511,6 +569,9 @@ class Sink:
                 refuse(400, "RevMismatch", "the message's CID is not messageCid")
             result, _, ticket = yield from self.admit(entry)
             settled = self._take_result(cid, result)
+        except BaseException:
+            self._release((cid,), held=False)
+            raise
         finally:
             self._prefetch_room += reserved
             if not item.done:
@@ -522,7 +583,12 @@ class Sink:
         del entry
         obj = early = None
         if ticket is not None:
-            yield from durable(ticket)
+            try:
+                yield from durable(ticket)
+            except BaseException:
+                self._release((cid,), held=False)
+                raise
+        self._release((cid,), held=result.kind in HELD_KINDS)
         return result.to_json()
 
     def _take_result(self, cid: str, result: ReplicationApplyResult) -> bool:
@@ -552,12 +618,14 @@ class Sink:
         self.stats.bytes_received += len(body)
         results: list[Any] = []
         commits: list[tuple[Any, list[int]]] = []  # each commit, and the results it holds
+        applied: list[tuple[str, int, bool]] = []  # each applied message's CID, result, whether held
         for obj in raw:
             try:
                 result, ticket = yield from self._apply_listed(obj)
             except PeerError as exc:
                 results.append(error_result(exc))
                 continue
+            applied.append((str(obj["messageCid"]), len(results), result.kind in HELD_KINDS))
             if ticket is not None:
                 if commits and commits[-1][0] is ticket:
                     commits[-1][1].append(len(results))
@@ -565,12 +633,20 @@ class Sink:
                     commits.append((ticket, [len(results)]))
             results.append(result.to_json())
         del raw, obj  # the data is in the open transaction: let go of it before waiting
-        for ticket, held in commits:
-            try:
-                yield from durable(ticket)
-            except PeerError as exc:
-                for i in held:
-                    results[i] = error_result(exc)
+        lost: set[int] = set()  # results whose commit failed
+        try:
+            for ticket, held in commits:
+                try:
+                    yield from durable(ticket)
+                except PeerError as exc:
+                    for i in held:
+                        results[i] = error_result(exc)
+                        lost.add(i)
+        except BaseException:
+            self._release(tuple(cid for cid, _, _ in applied), held=False)
+            raise
+        for cid, i, kept in applied:
+            self._release((cid,), held=kept and i not in lost)
         return results
 
     def _apply_listed(self, obj: Any) -> Effects:
@@ -593,6 +669,9 @@ class Sink:
                 refuse(400, "RevMismatch", "the message's CID is not messageCid")
             result, _, ticket = yield from self.admit(entry)
             settled = self._take_result(cid, result)
+        except BaseException:
+            self._release((item.token.message_cid,), held=False)
+            raise
         finally:
             if not item.done:
                 self.window.finish(item, settled=settled)
@@ -604,6 +683,7 @@ class Sink:
         item = self._wanted(properties)
         yield from self._turn(item)
         # 404: the message left the source's log, settled; 503 (or anything else): not now.
+        self._release((item.token.message_cid,), held=False)
         self.window.finish(item, settled=properties.get("error") == "404")
         self._settle_later()
         self._notify()

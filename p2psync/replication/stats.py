@@ -119,6 +119,7 @@ class SyncStats:
 
     items_offered: int = 0
     items_skipped: int = 0  # answered 304 or 413
+    items_elsewhere: int = 0  # declined: another link of this store was receiving them (issue #17)
     echoes_suppressed: int = 0  # push: entries that came from the sink, settled unproposed
     revs_received: int = 0  # sink: `rev`s that arrived
     revs_sent: int = 0  # source: `rev`s sent

@@ -39,6 +39,9 @@ class WindowItem:
     state: int = _OPEN
     #: fired when every item before this one has an outcome (a Signal, made by whoever waits)
     turn: Any = None
+    #: another link of this store is receiving its message: it waits for that apply (open
+    #: until then, so no checkpoint passes it) without holding up the turns after it
+    elsewhere: bool = False
 
     @property
     def done(self) -> bool:
@@ -86,6 +89,15 @@ class ProgressWindow:
     def first_open(self) -> WindowItem | None:
         for item in self._items:
             if not item.done:
+                return item
+        return None
+
+    def first_turn(self) -> WindowItem | None:
+        """The open item whose turn it is: every item before it has an outcome or waits for
+        another link (such an item never blocks the applies after it: the other link may be
+        waiting for one of them)."""
+        for item in self._items:
+            if not item.done and not item.elsewhere:
                 return item
         return None
 

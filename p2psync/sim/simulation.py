@@ -28,12 +28,15 @@ from typing import Any, Final
 from p2psync.replication.checkpoint import Direction, DirectionCheckpoint, LinkState, checkpoint_id
 from p2psync.replication.effects import (
     Apply,
+    AwaitClaim,
+    ClaimMessages,
     CloseConnection,
     ConnectionLost,
     Durable,
     OperationFinished,
     Output,
     RecordSteps,
+    ReleaseClaims,
     SendError,
     SendReply,
     SendRequest,
@@ -158,6 +161,8 @@ class Simulation:
         self.counts: Counter[str] = Counter()
         self.findings: list[Finding] = []
         self.touched: dict[Connection, None] = {}
+        #: in-flight claims that ended, for `AwaitClaim`s: (connection, side, ref, held)
+        self.claims_ended: list[tuple[Connection, int, int, bool]] = []
         self.connections = 0
         self.monitors = [_Monitor() for _ in self.peers]
         self.max_in_flight = 0
@@ -414,7 +419,14 @@ class Simulation:
 
     def settle(self) -> None:
         """Carry out every output of every protocol object that had an input, until none has."""
-        while self.touched:
+        while self.touched or self.claims_ended:
+            if self.claims_ended:
+                ended, self.claims_ended = self.claims_ended, []
+                for conn, side, ref, held in ended:
+                    if conn.alive and self._current(conn.ends[side]):
+                        conn.ends[side].proto.store_done(ref, held)
+                        self.touch(conn)
+                continue
             conn = next(iter(self.touched))
             del self.touched[conn]
             self._collect(conn)
@@ -470,6 +482,17 @@ class Simulation:
     def _store(self, conn: Connection, side: int, end: Endpoint, call: StoreCall) -> None:
         request, peer = call.request, end.peer
         service = peer.service
+        if isinstance(request, ClaimMessages):
+            end.proto.store_done(call.ref, peer.in_flight.claim(request.tenant, request.cids, request.claimant))
+            return
+        if isinstance(request, ReleaseClaims):
+            peer.in_flight.release(request.tenant, request.cids, request.claimant, held=request.held)
+            return
+        if isinstance(request, AwaitClaim):
+            if conn.alive:
+                peer.in_flight.wait(request.tenant, request.cid,
+                                    lambda held: self.claims_ended.append((conn, side, call.ref, held)))
+            return
         if request.durable:
             if not conn.alive:
                 return  # its task went with the connection
@@ -615,7 +638,13 @@ class Simulation:
     def _wedged(self, conn: Connection) -> bool:
         if conn.in_flight or not conn.busy:
             return False
-        return not any(p.conn is conn for end in conn.ends for p in end.peer.pending)
+        if any(p.conn is conn for end in conn.ends for p in end.peer.pending):
+            return False
+        # A sink waiting for another link's apply of a message it declined (issue #17) waits
+        # on that link, which the detector judges on its own.
+        return not any(item.elsewhere and end.peer.in_flight.holder(sink.tenant, item.token.message_cid) is not None
+                       for end in conn.ends if self._current(end)
+                       for sink in end.proto.sinks.values() for item in sink.window.open_items())
 
     # == invariants watched while running ======================================================
 

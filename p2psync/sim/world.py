@@ -19,6 +19,7 @@ from p2psync.dwn.did import Identity
 from p2psync.dwn.engine import Dwn
 from p2psync.dwn.store import Store
 from p2psync.dwn.timeutil import add_seconds, datetime_from_timestamp
+from p2psync.replication.inflight import InFlightClaims
 from p2psync.state.committer import GroupCommitter
 from p2psync.state.copies import CheckpointCopies
 from p2psync.state.ledger import Ledger
@@ -110,6 +111,7 @@ class SimPeer:
         self.store = store
         self.service = StoreService(store, dwn=Dwn(store), ledger=ledger, copies=copies,
                                     committer=GroupCommitter(store))
+        self.in_flight = InFlightClaims()  # a process's claims die with it (issue #17)
         self.generation += 1
         self.up = True
 
