@@ -90,7 +90,7 @@ def _all_at_once(sim: Simulation) -> None:
 
 
 def _held(sim: Simulation) -> int:
-    return len(sim.peers[0].held())
+    return len(sim.writer.authored)  # every message written (an update may replace an earlier one)
 
 
 def mesh(peers: int, writes: int, seed: int, root: Path, both_ends: bool) -> float:
