@@ -375,7 +375,7 @@ class PeerSession:
     async def _handle(self, request: blip.Request) -> blip.Reply | None:
         self._rids += 1
         rid = self._rids
-        rev = request.profile == "rev"
+        rev = request.profile in ("rev", "revs")
         started = self.observer.rev_started() if rev else 0.0
         if request.no_reply:
             self.proto.receive_request(rid, request.profile, request.properties, request.body)
@@ -385,17 +385,21 @@ class PeerSession:
         self._replies[rid] = slot
         self.proto.receive_request(rid, request.profile, request.properties, request.body)
         self.pump()
-        kind = "Error"
+        kinds: tuple[str, ...] = ("Error",)
         try:
             await slot[0].wait()
             out = slot[1]
             if isinstance(out, SendError):
                 raise to_blip(out.error)
             assert isinstance(out, SendReply)
-            if out.kind is not None:
-                kind = out.kind
+            if out.kinds:
+                kinds = out.kinds
             return blip.Reply(out.properties, out.body, compress=out.compress, urgent=out.urgent)
         finally:
             self._replies.pop(rid, None)
             if rev:
-                self.observer.rev_finished(started, kind)
+                # a `revs` started as one: count each of its messages, with the batch's latency
+                for i, kind in enumerate(kinds):
+                    if i:
+                        self.observer.rev_started()
+                    self.observer.rev_finished(started, kind)

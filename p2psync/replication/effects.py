@@ -485,14 +485,15 @@ class SendRequest:
 
 @dataclass(slots=True)
 class SendReply:
-    """Reply to the request received under ``rid``. ``kind``: a `rev`'s result kind (metrics)."""
+    """Reply to the request received under ``rid``. ``kinds``: the result kind of each message a
+    `rev` or `revs` applied, in order (metrics)."""
 
     rid: int
     properties: dict[str, str]
     body: bytes
     urgent: bool = False
     compress: bool = False
-    kind: str | None = None
+    kinds: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)

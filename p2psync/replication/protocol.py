@@ -817,12 +817,13 @@ class ReplicationProtocol:
     def _on_rev(self, properties: dict[str, str], body: bytes) -> Effects:
         sink = self._sink("rev", properties)
         result = yield from sink.on_rev(properties, body)
-        return SendReply(0, {}, encode_body(result), kind=str(result.get("kind")))
+        return SendReply(0, {}, encode_body(result), kinds=(str(result.get("kind")),))
 
     def _on_revs(self, properties: dict[str, str], body: bytes) -> Effects:
         sink = self._sink("revs", properties)
         results = yield from sink.on_revs(body)
-        return SendReply(0, {}, encode_body({"results": results}))
+        kinds = tuple(str(r.get("kind", "Error")) if isinstance(r, dict) else "Error" for r in results)
+        return SendReply(0, {}, encode_body({"results": results}), kinds=kinds)
 
     def _on_norev(self, properties: dict[str, str], body: bytes) -> Effects:
         sink = self._sink("norev", properties)
