@@ -126,8 +126,14 @@ class Dwn:
                           " try again")
 
     def _reference(self, tenant: str, message: Any, data: bytes | None, withheld: bool) -> Reply:
-        """The reference's processing of one message, nothing more (the history calls this)."""
-        early = self.validate_tenant(tenant) or self.validate_message_integrity(message)
+        """The reference's processing of one message, nothing more (the history calls this).
+
+        Every message reaching it passed :meth:`validate_message_integrity` already: a local
+        write and a replicated one on arrival, an archived one when it was admitted (the
+        schema check is a function of the message alone). Checking again cost a second
+        schema walk per apply (issue #17).
+        """
+        early = self.validate_tenant(tenant)
         if early is not None:
             return early
         d = message["descriptor"]

@@ -22,7 +22,7 @@ import apsw
 from p2psync.dwn.encoding import json_compact, message_cid
 from p2psync.dwn.errors import DwnError
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 # Checkpoint the WAL every ~40 MB rather than the default ~4 MB: each checkpoint syncs the
 # database file, and with a dozen pages per commit the default checkpoints every ~80 commits.
@@ -240,6 +240,12 @@ _MIGRATIONS: dict[int, str] = {
             VALUES(new.tenant, 1, length(CAST(new.body AS BLOB)) + coalesce(length(new.data), 0))
             ON CONFLICT(tenant) DO UPDATE SET messages = messages + 1, bytes = bytes + excluded.bytes;
     END;
+    """,
+    # No table changes: an archive row's `undo` may now also be the compact undo of an initial
+    # write appended in order (p2psync/dwn/canonical.py, `_INSERTED_ROW`), which a schema-4
+    # p2psync would take for a changeset. The version keeps such a p2psync from opening it.
+    5: """
+    SELECT 1;
     """,
 }
 

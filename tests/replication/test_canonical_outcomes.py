@@ -310,3 +310,40 @@ def test_verify_replays_the_archive_and_changes_nothing(tmp_path: Path, capsys: 
     broken.close()
     assert p2psync(["store", "verify", "--store", str(path), "--json"]) == 1
     assert w.steps["thread"].cid in capsys.readouterr().out
+
+
+def test_an_initial_write_appended_in_order_is_undone_by_its_compact_undo(tmp_path: Path) -> None:
+    """A pull in log order appends initial writes: each keeps the compact undo (its row's
+    digest) instead of a session changeset. Undoing it gives back exactly the state before
+    it; a row changed behind the engine's back is refused like a changeset conflict."""
+    import apsw
+
+    from p2psync.dwn.canonical import _INSERTED_ROW
+
+    w = chat_world()
+    dwn = Dwn(Store(tmp_path / "store.db"))
+    assert {r.kind for r in _apply(dwn, w, *w.ordered())} == {"Applied"}
+    tid = dwn.store._tid(w.tenant)
+    undo = {str(cid): bytes(u) for cid, u in dwn.store.conn.execute(
+        "SELECT cid, undo FROM archive WHERE tenant=?", (tid,))}
+    compact = {name for name, step in w.steps.items() if undo[step.cid].startswith(_INSERTED_ROW)}
+    # the records' initial writes; not the configure, the update or the delete
+    assert compact == {"thread", "participant", "chat", "reaction", "note"}
+    before = snapshot(dwn.store, w.tenant)
+
+    # a warp over everything undoes every message, newest first, then processes it again
+    # (scoped warps over such rows: the shuffled arrivals of test_order_independence.py)
+    assert dwn.history.rebuild(w.tenant) == len(w.steps)
+    assert snapshot(dwn.store, w.tenant) == before
+    assert dwn.history.verify(w.tenant) == {"missing": [], "extra": [], "changed": [], "data": []}
+
+    # a compact undo meeting a row that is not as stored is refused, and nothing changes
+    fresh = Dwn(Store(tmp_path / "tampered.db"))
+    _apply(fresh, w, *w.ordered())
+    fresh.store.conn.execute(
+        "UPDATE messages SET indexes=? WHERE cid=?", ('{"tampered":true}', w.steps["reaction"].cid)
+    )
+    tampered = snapshot(fresh.store, w.tenant)
+    with pytest.raises(apsw.AbortError):
+        fresh.history.rebuild(w.tenant)
+    assert snapshot(fresh.store, w.tenant) == tampered
