@@ -24,15 +24,19 @@ from p2psync.dwn.store import Store
 from p2psync.replication import protocol as protocol_module
 from p2psync.replication.checkpoint import checkpoint_id
 from p2psync.replication.effects import (
+    AwaitClaim,
+    ClaimMessages,
     CloseConnection,
     OperationFinished,
     RecordSteps,
+    ReleaseClaims,
     SendError,
     SendReply,
     SendRequest,
     StoreCall,
 )
 from p2psync.replication.hello import new_hello
+from p2psync.replication.inflight import InFlightClaims
 from p2psync.replication.protocol import ReplicationProtocol
 from p2psync.replication.scope import SyncScope
 from p2psync.replication.wire import PeerError, encode_body
@@ -56,6 +60,8 @@ class Side:
     proto: ReplicationProtocol
     #: rid -> (requester, requester's ref, max reply size) for requests this side must answer
     asked: dict[int, tuple[Side, int, int | None]] = field(default_factory=dict)
+    #: the messages its sinks are receiving (issue #17), as a Peer keeps them for its connections
+    claims: InFlightClaims = field(default_factory=InFlightClaims)
 
 
 def make_side(tmp_path: Path, name: str, *, active: bool, max_unanswered_revs: int = 1000) -> Side:
@@ -118,6 +124,14 @@ class Wire:
     @staticmethod
     def store(side: Side, call: StoreCall) -> None:
         request = call.request
+        if isinstance(request, ClaimMessages):
+            side.proto.store_done(call.ref, side.claims.claim(request.tenant, request.cids, request.claimant))
+            return
+        if isinstance(request, ReleaseClaims):
+            side.claims.release(request.tenant, request.cids, request.claimant, held=request.held)
+            return
+        # one connection per side here: no other sink's claim to wait for
+        assert not isinstance(request, AwaitClaim), request
         if call.ref < 0:
             if isinstance(request, RecordSteps) and request.at_commit:
                 side.service.record_at_commit(request, side.proto.fail_feed)
