@@ -558,16 +558,8 @@ class Sink:
         try:
             self.stats.revs_received += 1
             self.stats.bytes_received += len(body)
-            try:
-                if isinstance(early, PeerError):
-                    raise early
-                entry = early if early is not None else (yield from self.entry_of(obj))
-            except PeerError as exc:
-                self._count(exc.name)
-                raise
-            if entry.cid != cid:
-                refuse(400, "RevMismatch", "the message's CID is not messageCid")
-            result, _, ticket = yield from self.admit(entry)
+            # the prefetched entry, or its refusal, or the entry read now
+            result, ticket = yield from self._admit_listed(cid, early if early is not None else self.entry_of(obj))
             settled = self._take_result(cid, result)
         except BaseException:
             self._release((cid,), held=False)
@@ -580,7 +572,6 @@ class Sink:
             self._notify()
         # The message and its data are in the open transaction now: let go of them before
         # waiting for the commit, or a batch of 64 large records stays in memory until then.
-        del entry
         obj = early = None
         if ticket is not None:
             try:
@@ -649,6 +640,23 @@ class Sink:
             self._release((cid,), held=kept and i not in lost)
         return results
 
+    def _admit_listed(self, cid: Any, entry: Any) -> Effects:
+        """Admit the message of a `rev` or a `revs` member: ``entry`` is its ReplicationEntry, a
+        refusal met while reading it, or the effects that read it; it must be the ``cid`` its
+        item listed. Returns ``(result, ticket of its commit)``."""
+        try:
+            if isinstance(entry, PeerError):
+                raise entry
+            if not isinstance(entry, ReplicationEntry):
+                entry = yield from entry
+        except PeerError as exc:
+            self._count(exc.name)
+            raise
+        if entry.cid != cid:
+            refuse(400, "RevMismatch", "the message's CID is not messageCid")
+        result, _, ticket = yield from self.admit(entry)
+        return result, ticket
+
     def _apply_listed(self, obj: Any) -> Effects:
         """One `revs` member: a MessageEntry with its item's ``position`` and ``messageCid``.
         Returns ``(result, ticket of its commit)`` as :meth:`on_rev` would reply it."""
@@ -660,15 +668,8 @@ class Sink:
         settled = False
         try:
             self.stats.revs_received += 1
-            try:
-                entry = yield from self.entry_of(obj)
-            except PeerError as exc:
-                self._count(exc.name)
-                raise
-            if entry.cid != cid:
-                refuse(400, "RevMismatch", "the message's CID is not messageCid")
-            result, _, ticket = yield from self.admit(entry)
-            settled = self._take_result(cid, result)
+            result, ticket = yield from self._admit_listed(cid, self.entry_of(obj))
+            settled = self._take_result(item.token.message_cid, result)  # the CID checked
         except BaseException:
             self._release((item.token.message_cid,), held=False)
             raise
