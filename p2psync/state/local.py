@@ -112,10 +112,11 @@ class LocalStoreFetcher:
 
     def entry_by_cid(self, tenant: str, cid: str) -> ReplicationEntry | None:
         """The stored message with this CID, whatever its interface, with its data when held."""
-        message = self.store.messages.get(tenant, cid)
-        if message is None:
+        found = self._stored(tenant, cid)
+        if found is None:
             return None
-        indexes = self.store.messages.get_indexes(tenant, cid) or {}
+        message, stored_cid = found
+        indexes = self.store.messages.get_indexes(tenant, stored_cid) or {}
         return self._entry(tenant, message, latest=indexes.get("isLatestBaseState") is True)
 
     def listed_entry(self, tenant: str, cid: str) -> tuple[ReplicationEntry, int | None] | None:
@@ -125,10 +126,11 @@ class LocalStoreFetcher:
         Returns the entry (with inline data only) and the size of its data (None: no data).
         Reading a 10 MiB record per listed item would hold a whole page of them in memory.
         """
-        message = self.store.messages.get(tenant, cid)
-        if message is None:
+        found = self._stored(tenant, cid)
+        if found is None:
             return None
-        indexes = self.store.messages.get_indexes(tenant, cid) or {}
+        message, stored_cid = found
+        indexes = self.store.messages.get_indexes(tenant, stored_cid) or {}
         # The log's CID is the entry's, except for a zero-byte record whose CID keeps its
         # empty ``encodedData`` (FACTS.md): only then is it worth computing again.
         known = cid if message.get("encodedData") != "" else None
@@ -232,6 +234,21 @@ class LocalStoreFetcher:
             and isinstance(descriptor.get("dataSize"), int)
             and descriptor["dataSize"] > MAX_DATA_SIZE_ENCODED
         )
+
+    def _stored(self, tenant: str, cid: str) -> tuple[Message, str] | None:
+        """The stored message whose CID (the log's, the wire's) is ``cid``, and the CID the state
+        keeps it under. They differ only for a zero-byte record, stored with ``encodedData: ""``
+        inside its CID (FACTS.md); the archive says under which."""
+        message = self.store.messages.get(tenant, cid)
+        if message is not None:
+            return message, cid
+        tid = self.store.tenant_id(tenant, create=False)
+        row = None if tid is None else self.store.conn.execute(
+            "SELECT stored_cid FROM archive WHERE tenant=? AND cid=?", (tid, cid)).fetchone()
+        if row is None or row[0] is None or row[0] == cid:
+            return None
+        message = self.store.messages.get(tenant, str(row[0]))
+        return None if message is None else (message, str(row[0]))
 
     def _entry(
         self, tenant: str, stored: Message, *, latest: bool, load: bool = True, cid: str | None = None
