@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from p2psync.conformance import load_scenario
 from p2psync.dwn.engine import Dwn
@@ -99,7 +101,7 @@ def _pull_everything(
         requests[profile] = requests.get(profile, 0) + 1
         receive(rid, profile, *args)
 
-    replica.proto.receive_request = counted  # type: ignore[method-assign]
+    replica.proto.receive_request = counted  # type: ignore[method-assign,assignment]
     source.proto.start_hello()
     run(wire, replica.proto.start_hello())
     for tenant in scenario.tenants:
@@ -148,3 +150,53 @@ def test_every_scenario_replicates_exactly_by_either_path(scenarios: list[Scenar
             side.store.close()
     if path_name == "revs":
         assert batched >= len(scenarios)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_head_start_batch_and_delivery_order_ends_identical(
+    scenarios: list[Scenario], tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch,
+    data: st.DataObject,
+) -> None:
+    """A property over both paths: whatever the replica already held (any subset of the
+    source's messages, admitted beforehand in any order), the listing batch, the path the
+    hellos negotiate and the delivery order, one pull leaves it holding what the source holds."""
+    as_owner = ReadAuthorizer.reader
+    monkeypatch.setattr(ReadAuthorizer, "reader",
+                        lambda self, tenant, _reader, scope: as_owner(self, tenant, tenant, scope))
+    scenario = data.draw(st.sampled_from(scenarios), label="scenario")
+    path_name = data.draw(st.sampled_from(list(PATHS)), label="path")
+    batch = data.draw(st.integers(1, 8), label="batch")
+    seed = data.draw(st.integers(0, 2**16), label="delivery seed")
+    where = tmp_path_factory.mktemp("property")
+    copy = where / "source.db"
+    shutil.copyfile(scenario.path, copy)
+    held = Store(copy)
+    everything = [(t, json.loads(body), data_) for t in scenario.tenants
+                  for body, data_ in held.conn.execute(
+                      "SELECT a.body, a.data FROM archive a JOIN tenants t ON t.id = a.tenant WHERE t.did=?", (t,))]
+    held.close()
+    head_start = data.draw(st.lists(st.sampled_from(everything), unique_by=lambda m: json.dumps(m[1], sort_keys=True),
+                                    max_size=len(everything)) if everything else st.just([]), label="head start")
+    replica_dwn = Dwn(Store(where / "replica.db"))
+    for tenant, message, data_ in head_start:
+        replica_dwn.apply_replicated_message(tenant, message, None if data_ is None else bytes(data_))
+    replica_dwn.close()
+
+    offers_source, offers_sink = PATHS[path_name]
+    source = _side(copy, "source", active=False, capabilities=offers_source)
+    replica = _side(where / "replica.db", "replica", active=True, capabilities=offers_sink)
+    wire = Wire(source, replica, random.Random(seed))
+    source.proto.start_hello()
+    run(wire, replica.proto.start_hello())
+    for tenant in scenario.tenants:
+        operation, _ = replica.proto.sync(tenant=tenant, scope=SyncScope.global_scope(),
+                                          local_store_id=store_id(replica.store), pull=True, push=False, batch=batch)
+        run(wire, operation)
+    for tenant in scenario.tenants:
+        want, got = snapshot(source.store, tenant), snapshot(replica.store, tenant)
+        assert_log_matches_messages(got)
+        assert _values(got.messages) == _values(want.messages), (scenario.name, path_name, _differences(want, got))
+        assert got.data == want.data
+    for side in (source, replica):
+        side.store.close()
