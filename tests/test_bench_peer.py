@@ -8,21 +8,21 @@ from pathlib import Path
 import pytest
 
 from tests.bench import bench_peer
-from tests.bench.bench_peer import ALICE, Row, crossing_time, flatness, summary_table
+from tests.bench.bench_peer import ALICE, Row, crossing, flatness, summary_table
 
 
-def test_crossing_time_interpolates_between_the_samples_around_it() -> None:
-    samples = [(1.0, 100), (2.0, 300), (4.0, 400)]
-    assert crossing_time(samples, 50) == pytest.approx(0.5)  # from (0 s, 0 messages)
-    assert crossing_time(samples, 200) == pytest.approx(1.5)
-    assert crossing_time(samples, 400) == pytest.approx(4.0)
-    assert crossing_time(samples, 401) is None
+def test_crossing_interpolates_between_the_samples_around_it() -> None:
+    samples = [(1.0, 100, 0.5), (2.0, 300, 1.5), (4.0, 400, 2.0)]
+    assert crossing(samples, 50) == pytest.approx((0.5, 0.25))  # from (0 s, 0 messages, 0 s)
+    assert crossing(samples, 200) == pytest.approx((1.5, 1.0))
+    assert crossing(samples, 400) == pytest.approx((4.0, 2.0))
+    assert crossing(samples, 401) is None
 
 
 def test_flatness_compares_windows_of_the_same_size() -> None:
-    # 1,000 messages/s for the first 500, then 500/s: the late window is half as fast.
-    samples = [(t / 10, 100 * t) for t in range(1, 51)]
-    samples += [(5 + t / 10, 5000 + 50 * t) for t in range(1, 101)]
+    # 1,000 messages/s for the first 5,000, then 500/s; the CPU per message doubles too.
+    samples = [(t / 10, 100 * t, t / 20) for t in range(1, 51)]
+    samples += [(5 + t / 10, 5000 + 50 * t, 2.5 + t / 20) for t in range(1, 101)]
     flat = flatness(samples, 10_000)
     assert flat is not None
     assert flat.window == 1_000
@@ -30,6 +30,8 @@ def test_flatness_compares_windows_of_the_same_size() -> None:
     assert flat.early_rate == pytest.approx(1_000)
     assert flat.late_rate == pytest.approx(500)
     assert flat.ratio == pytest.approx(0.5)
+    assert flat.early_cpu_rate == pytest.approx(2_000) and flat.cpu_ratio == pytest.approx(0.5)
+    assert flat.tenths == pytest.approx([1_000] * 5 + [500] * 5)
     assert flatness(samples[:10], 10_000) is None  # the pull never got there
 
 

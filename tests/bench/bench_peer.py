@@ -29,13 +29,16 @@ What it prints, and how each figure is taken:
   building excluded), and that over V.
 - CPU per message per side, in verifies: CPU seconds (user + sys) of the process over the run,
   per message, times V.
-- flatness (pull): the syncing side reports its settled count (= its stored count: it starts
-  empty) with a wall-clock time at most every ``SAMPLE_INTERVAL`` seconds; the time at which
-  the count crossed a given number is interpolated linearly between the two samples around it.
-  Two windows of the same size, W = count / 10 messages: the *early* window is centred on
-  count / 10 stored (5,000 → 15,000 with ``--count 100000``), the *late* one ends at the last
-  message (90,000 → 100,000). Each rate is W over the time the window took; the figure is
-  late / early (the issue's "rate at 100,000 stored over rate at 10,000", target ≥ 0.9).
+- flatness (pull): the syncing side samples its settled count (= its stored count: it starts
+  empty) with the wall-clock time and its own CPU time, at most every ``SAMPLE_INTERVAL``
+  seconds (the last sample is taken when the last message settled, not when the sync returned);
+  the time at which the count crossed a given number is interpolated linearly between the two
+  samples around it. Two windows of the same size, W = count / 10 messages: the *early* window
+  is centred on count / 10 stored (5,000 → 15,000 with ``--count 100000``), the *late* one ends
+  at the last message (90,000 → 100,000). Each rate is W over the time the window took; the
+  figure is late / early (the issue's "rate at 100,000 stored over rate at 10,000", target
+  ≥ 0.9). The same ratio per CPU second of the syncing side is printed beside it (load on the
+  machine moves it less), and the wall rate of each tenth of the pull, to show the curve.
 - large: MB/s of record data (10^6 bytes per wall-clock second) and that over the BLIP layer's
   own MB/s for bodies of the same size measured in the same run (target ≥ 0.6). Each is also
   given CPU-bound (bytes over the CPU seconds of the busier process), which load distorts less.
@@ -169,19 +172,21 @@ def sync(store_path: str, url: str, direction: str, pin: str) -> None:
     from p2psync.peer.peer import Peer, dialer
     from p2psync.replication.stats import SyncProgress
 
-    samples: list[tuple[float, int]] = []  # (seconds since the sync began, messages settled)
+    # (seconds since the sync began, messages settled, this process's CPU seconds since then)
+    samples: list[tuple[float, int, float]] = []
 
     async def main() -> dict[str, Any]:
         peer = Peer(Store(store_path), ALICE)
         started, cpu = time.perf_counter(), _cpu_s()
+        start_cpu = time.process_time()
         last = started
-        newest = (0.0, 0)  # the latest change, so the final count is timed when it was reached
+        newest = (0.0, 0, 0.0)  # the latest change, so the final count is timed when it was reached
 
         def on_progress(progress: SyncProgress) -> None:
             nonlocal last, newest
             now = time.perf_counter()
             if progress.messages != newest[1]:
-                newest = (round(now - started, 4), progress.messages)
+                newest = (round(now - started, 4), progress.messages, round(time.process_time() - start_cpu, 4))
             if now - last >= SAMPLE_INTERVAL:
                 samples.append(newest)
                 last = now
@@ -291,16 +296,27 @@ def yardstick() -> float:
 # -- flatness ---------------------------------------------------------------------------------
 
 
-def crossing_time(samples: list[tuple[float, int]], n: float) -> float | None:
-    """When the settled count reached ``n``, interpolated between the samples around it."""
-    before = (0.0, 0)
-    for t, count in samples:
-        if count >= n:
-            if count == before[1]:
-                return t
-            return before[0] + (t - before[0]) * (n - before[1]) / (count - before[1])
-        before = (t, count)
+def crossing(samples: list[tuple[float, int, float]], n: float) -> tuple[float, float] | None:
+    """(wall, CPU) seconds when the settled count reached ``n``, each interpolated linearly
+    between the samples around it."""
+    before = (0.0, 0, 0.0)
+    for sample in samples:
+        if sample[1] >= n:
+            if sample[1] == before[1]:
+                return sample[0], sample[2]
+            f = (n - before[1]) / (sample[1] - before[1])
+            return before[0] + (sample[0] - before[0]) * f, before[2] + (sample[2] - before[2]) * f
+        before = sample
     return None
+
+
+def window_rates(samples: list[tuple[float, int, float]], lo: int, hi: int) -> tuple[float, float] | None:
+    """Messages per wall-clock second and per CPU second of the syncing side from ``lo`` to
+    ``hi`` settled."""
+    start, end = crossing(samples, lo), crossing(samples, hi)
+    if start is None or end is None or end[0] <= start[0] or end[1] <= start[1]:
+        return None
+    return (hi - lo) / (end[0] - start[0]), (hi - lo) / (end[1] - start[1])
 
 
 @dataclass
@@ -310,25 +326,33 @@ class Flatness:
     late: tuple[int, int]
     early_rate: float
     late_rate: float
+    early_cpu_rate: float  # messages per CPU second of the syncing side
+    late_cpu_rate: float
+    tenths: list[float]  # wall rate in each tenth of the pull, for the shape of the curve
 
     @property
     def ratio(self) -> float:
         return self.late_rate / self.early_rate
 
+    @property
+    def cpu_ratio(self) -> float:
+        return self.late_cpu_rate / self.early_cpu_rate
 
-def flatness(samples: list[tuple[float, int]], count: int) -> Flatness | None:
+
+def flatness(samples: list[tuple[float, int, float]], count: int) -> Flatness | None:
     """The rates in two windows of count / 10 messages: centred on count / 10 stored, and
     ending at the last message (see the module docstring)."""
     window = count // 10
+    if window < 10:
+        return None
     early = (count // 10 - window // 2, count // 10 - window // 2 + window)
     late = (count - window, count)
-    rates = []
-    for lo, hi in (early, late):
-        t0, t1 = crossing_time(samples, lo), crossing_time(samples, hi)
-        if window < 10 or t0 is None or t1 is None or t1 <= t0:
-            return None
-        rates.append((hi - lo) / (t1 - t0))
-    return Flatness(window, early, late, rates[0], rates[1])
+    first, last = window_rates(samples, *early), window_rates(samples, *late)
+    if first is None or last is None:
+        return None
+    tenths = [window_rates(samples, i * window, (i + 1) * window) for i in range(10)]
+    return Flatness(window, early, late, first[0], last[0], first[1], last[1],
+                    [t[0] if t else 0.0 for t in tenths])
 
 
 # -- the engine and the reference through their pipes -----------------------------------------
@@ -500,7 +524,9 @@ def main() -> None:
         else:
             print(f"  flatness: {flat.early_rate:,.0f} messages/s while stored went {flat.early[0]:,} -> "
                   f"{flat.early[1]:,}, {flat.late_rate:,.0f}/s for {flat.late[0]:,} -> {flat.late[1]:,} "
-                  f"(windows of {flat.window:,}): late / early = {flat.ratio:.2f}")
+                  f"(windows of {flat.window:,}): late / early = {flat.ratio:.2f}; per CPU second of the "
+                  f"syncing side {flat.early_cpu_rate:,.0f} and {flat.late_cpu_rate:,.0f}: {flat.cpu_ratio:.2f}")
+            print(f"  messages/s in each tenth of the pull: {' '.join(f'{t:,.0f}' for t in flat.tenths)}")
         mark = "" if full else f" (at {args.count:,})"
         rows += [
             Row(f"pull {size}, two processes", f"{pull_rate / v:.3f} V ({pull_rate:,.0f}/s)", ">= 0.5 V",
@@ -510,7 +536,7 @@ def main() -> None:
             Row(f"serving side CPU per message (pull){mark}", f"{source_cpu:.2f} verifies", "<= 0.5 verify",
                 source_cpu <= 0.5, full),
             Row(f"rate at {flat.late[1]:,} stored over rate at {args.count // 10:,}" if flat else "flatness",
-                f"{flat.ratio:.2f}" if flat else "not measured", ">= 0.9",
+                f"{flat.ratio:.2f} (CPU {flat.cpu_ratio:.2f})" if flat else "not measured", ">= 0.9",
                 flat.ratio >= 0.9 if flat else None, full),
             Row(f"RSS per side during the pull{mark}", f"{r['rss_mb']:.0f} / {r['server_rss_mb']:.0f} MB",
                 "< 150 MB", max(r["rss_mb"], r["server_rss_mb"]) < 150, full),
