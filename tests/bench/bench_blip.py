@@ -16,7 +16,9 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 import trio
 
@@ -33,6 +35,8 @@ LARGE_SIZES = {"1 MiB": 1 << 20, "10 MiB": 10 << 20}
 LARGE_TOTAL = 100 << 20  # bytes moved per large-body figure
 BENCHMARKS_MD = ROOT / "docs" / "benchmarks.md"
 COMMAND = ".venv/bin/python tests/bench/bench_blip.py"
+
+T = TypeVar("T")
 
 
 async def handle_echo(request: blip.Request) -> blip.Reply:
@@ -160,7 +164,8 @@ async def measure_same_process() -> dict[str, tuple[float, float]]:
     return figures
 
 
-def measure_two_processes() -> dict[str, tuple[float, float]]:
+def with_peer_process(run: Callable[[int], Awaitable[T]]) -> T:
+    """``run(port)`` under trio against this file's handlers served by a second process."""
     peer = subprocess.Popen(
         [sys.executable, __file__, "--serve", "0"], stdout=subprocess.PIPE, text=True
     )
@@ -170,10 +175,25 @@ def measure_two_processes() -> dict[str, tuple[float, float]]:
         match = re.match(r"PORT (\d+)", line)
         if not match:
             raise SystemExit(f"the peer process did not start: {line!r}")
-        return trio.run(measure, int(match.group(1)))
+        return trio.run(run, int(match.group(1)))
     finally:
         peer.terminate()
         peer.wait()
+
+
+def measure_two_processes() -> dict[str, tuple[float, float]]:
+    return with_peer_process(measure)
+
+
+def large_download_two_processes(label: str = "10 MiB") -> tuple[float, float]:
+    """(wall MB/s, CPU-bound MB/s) of ``LARGE_SIZES[label]`` bodies, peer → client, the peer in a
+    second process: the same measurement as the ``down`` rows of the full run, alone."""
+
+    async def run(port: int) -> tuple[float, float]:
+        async with blip.connect(f"ws://127.0.0.1:{port}/bench") as conn:
+            return await download(Clocks(conn, same_process=False), LARGE_SIZES[label])
+
+    return with_peer_process(run)
 
 
 def report(two: dict[str, tuple[float, float]], one: dict[str, tuple[float, float]] | None) -> str:
