@@ -172,7 +172,13 @@ def archived_data(store: Store, tenant: str, cid: str) -> tuple[bool, bytes | No
 
 _ARCHIVED_DATA_SQL: Final = (
     "SELECT data FROM archive WHERE tenant=? AND cid=?"
-    " UNION ALL SELECT data FROM archive WHERE tenant=? AND stored_cid=? LIMIT 1"
+    " UNION ALL SELECT data FROM archive WHERE tenant=? AND stored_cid=? AND stored_cid IS NOT cid LIMIT 1"
+)
+# The archive row a stored CID belongs to. archive_stored holds only the stored CIDs that
+# differ from the CID as admitted (schema 6): the others are found as a CID.
+_BY_STORED_CID_SQL: Final = (
+    "SELECT sort_key, cid FROM archive WHERE tenant=? AND cid=? AND stored_cid=cid"
+    " UNION ALL SELECT sort_key, cid FROM archive WHERE tenant=? AND stored_cid=? AND stored_cid IS NOT cid LIMIT 1"
 )
 
 
@@ -530,17 +536,23 @@ class History:
         )
         # A new row has no keys yet: its rowid is new, or was the last row's, whose keys went
         # with it (rows are only deleted with their keys).
-        self._index(tid, self.store.conn.last_insert_rowid(), key, footprint, new=True)
+        self._index(tid, self.store.conn.last_insert_rowid(), key, footprint, _record_id(message), new=True)
 
-    def _index(self, tid: int, row_id: int, key: str, footprint: Footprint, *, new: bool = False) -> None:
-        """(Re)write the footprint keys of archive row ``row_id`` (``new``: it has none yet)."""
+    def _index(
+        self, tid: int, row_id: int, key: str, footprint: Footprint, record_id: str | None, *, new: bool = False
+    ) -> None:
+        """(Re)write the footprint keys of archive row ``row_id`` (``new``: it has none yet).
+
+        Not its record's own keys (``rec:<id>``, ``live:<id>``): :meth:`_affected` finds the
+        rows of a record through the archive's record index, which holds them anyway.
+        """
         conn = self.store.conn
         if not new:
             conn.execute("DELETE FROM archive_keys WHERE row=?", (row_id,))
-        conn.executemany(
-            "INSERT INTO archive_keys(tenant, key, sort_key, row, writes) VALUES(?,?,?,?,?)",
-            [(tid, k, key, row_id, int(k in footprint.writes)) for k in footprint.reads],
-        )
+        own = _own_keys(record_id)
+        keys = [(tid, k, key, row_id, int(k in footprint.writes)) for k in footprint.reads if k not in own]
+        if keys:
+            conn.executemany("INSERT INTO archive_keys(tenant, key, sort_key, row, writes) VALUES(?,?,?,?,?)", keys)
 
     def _footprint(self, tid: int, message: Message, initial: bool | None = None) -> Footprint:
         """What processing ``message`` may read and what it may change, as keys.
@@ -747,7 +759,7 @@ class History:
                     "UPDATE archive SET accepted=?, touch=?, undo=? WHERE id=?",
                     (int(reply.code in (202, 204)), footprint.text(), undo, row.id),
                 )
-                self._index(tid, row.id, row.key, footprint)
+                self._index(tid, row.id, row.key, footprint, row.record_id)
         finally:
             store.events.frozen = False
         self._reconcile_log(tenant, tid, touched)
@@ -793,6 +805,14 @@ class History:
             sql = "SELECT sort_key, row FROM archive_keys WHERE tenant=? AND key=? AND sort_key>=?"
             for sort_key, row in conn.execute(sql + (" AND writes=1" if writers_only else ""), (tid, key, after)):
                 heapq.heappush(heap, (str(sort_key), int(row)))
+            kind, _, record_id = key.partition(":")
+            if kind in ("rec", "live") and record_id:
+                # The record's own rows, whose own keys archive_keys leaves out (`_index`): each
+                # reads and changes `rec:<id>` and reads `live:<id>`, which its touch says
+                # whether it changes.
+                for sort_key, row, touch in conn.execute(_OWN_ROWS_SQL, (tid, record_id, after)):
+                    if not writers_only or kind == "rec" or key in Footprint.parse(str(touch)).writes:
+                        heapq.heappush(heap, (str(sort_key), int(row)))
 
         for key in scope.writes:
             look(key, start, False)
@@ -849,9 +869,7 @@ class History:
         conn, events = self.store.conn, self.store.events
         newly: list[tuple[str, str, str]] = []  # (sort key, cid as sent, stored cid)
         for stored_cid in stored_cids:
-            row = conn.execute(
-                "SELECT sort_key, cid FROM archive WHERE tenant=? AND stored_cid=?", (tid, stored_cid)
-            ).fetchone()
+            row = conn.execute(_BY_STORED_CID_SQL, (tid, stored_cid, tid, stored_cid)).fetchone()
             key, cid = (str(row[0]), str(row[1])) if row is not None else ("", stored_cid)
             stored = self.store.messages.has(tenant, stored_cid)
             position = events.position_of(tenant, cid)
@@ -872,6 +890,15 @@ _INSERTED_ROW: Final = b"\x00p2psync:inserted-row\x00"
 # What storing one message changes, as the connection counts it: its ``messages`` row, the
 # set-journal row its trigger writes, the tenant's next log position, the log entry.
 _STORED_ONE_ROW: Final = 4
+
+
+# The archive rows of a record from a sort key on (the rows its own footprint keys name).
+_OWN_ROWS_SQL: Final = "SELECT sort_key, id, touch FROM archive WHERE tenant=? AND record_id=? AND sort_key>=?"
+
+
+def _own_keys(record_id: str | None) -> tuple[str, ...]:
+    """The footprint keys of a record's own messages that the archive's record index stands for."""
+    return () if record_id is None else (f"rec:{record_id}", f"live:{record_id}")
 
 
 def _row_digest(body: Any, indexes: Any) -> bytes:

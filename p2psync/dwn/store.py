@@ -22,7 +22,7 @@ import apsw
 from p2psync.dwn.encoding import json_compact, message_cid
 from p2psync.dwn.errors import DwnError
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 # Checkpoint the WAL every ~40 MB rather than the default ~4 MB: each checkpoint syncs the
 # database file, and with a dozen pages per commit the default checkpoints every ~80 commits.
@@ -247,6 +247,33 @@ _MIGRATIONS: dict[int, str] = {
     5: """
     SELECT 1;
     """,
+    # Fewer index entries per admitted message (issue #17): with 64 messages a commit, each
+    # index keyed by a random CID costs about one 4 KiB page written at commit per message.
+    # - A column that most messages leave NULL (parent, context, protocol) is indexed only
+    #   where it is set: `x = ?` implies `x IS NOT NULL`, so every query that used the index
+    #   still does.
+    # - entry_id equals record_id for a record's initial write: indexed only where it does not
+    #   (an entryId query also looks the value up as a recordId, store.py's `_candidate_sql_of`).
+    # - stored_cid equals cid except for a 0-byte record: indexed only where it does not (a
+    #   lookup by stored CID also looks it up as a CID, canonical.py).
+    # - a record's own footprint keys (`rec:<id>`, `live:<id>`) are found through
+    #   archive_record (canonical.py's `_affected`): archive_keys keeps the others.
+    6: """
+    DROP INDEX IF EXISTS messages_entry;
+    DROP INDEX IF EXISTS messages_parent;
+    DROP INDEX IF EXISTS messages_context;
+    DROP INDEX IF EXISTS messages_protocol;
+    CREATE INDEX messages_entry ON messages(tenant, entry_id)
+        WHERE entry_id IS NOT NULL AND entry_id IS NOT record_id;
+    CREATE INDEX messages_parent ON messages(tenant, parent_id) WHERE parent_id IS NOT NULL;
+    CREATE INDEX messages_context ON messages(tenant, context_id) WHERE context_id IS NOT NULL;
+    CREATE INDEX messages_protocol ON messages(tenant, protocol, protocol_path) WHERE protocol IS NOT NULL;
+    DROP INDEX IF EXISTS archive_stored;
+    CREATE INDEX archive_stored ON archive(tenant, stored_cid) WHERE stored_cid IS NOT cid;
+    DELETE FROM archive_keys WHERE rowid IN (
+        SELECT k.rowid FROM archive_keys k JOIN archive a ON a.id = k.row
+        WHERE a.record_id IS NOT NULL AND k.key IN ('rec:' || a.record_id, 'live:' || a.record_id));
+    """,
 }
 
 
@@ -314,18 +341,26 @@ _INSERT_MESSAGE = (
 
 # Candidate queries by shape; bounded, since a filter's lists may have any length.
 _CANDIDATE_SQL_CACHE_MAX = 1024
-_candidate_sql: dict[tuple[tuple[str, int], ...], str] = {}
+_candidate_sql: dict[tuple[tuple[str, int], ...], tuple[str, int]] = {}
 
 
-def _candidate_sql_of(shape: tuple[tuple[str, int], ...]) -> str:
+def _candidate_sql_of(shape: tuple[tuple[str, int], ...]) -> tuple[str, int]:
+    """The candidate query of a filter shape, and how many times it takes the arguments."""
     where = ["tenant=?"]
     for prop, n in shape:
         column = _COLUMNS[prop]
         where.append(f"{column}=?" if n < 0 else f"{column} IN ({','.join('?' * n)})")
     sql = f"SELECT cid, body, indexes FROM messages WHERE {' AND '.join(where)}"
+    copies = 1
+    if shape and shape[0][0] == "entryId":
+        # messages_entry holds only the entry ids that differ from the record id (schema 6):
+        # an initial write, whose entry id is its record id, is found by its record id.
+        sql = (f"{sql.replace('entry_id', 'record_id')} UNION ALL {sql}"
+               " AND entry_id IS NOT NULL AND entry_id IS NOT record_id")
+        copies = 2
     if len(_candidate_sql) < _CANDIDATE_SQL_CACHE_MAX:
-        _candidate_sql[shape] = sql
-    return sql
+        _candidate_sql[shape] = (sql, copies)
+    return sql, copies
 
 
 class Atomic(Protocol):
@@ -678,10 +713,8 @@ class MessageStore:
                     shape.append((prop, len(value)))
                     args.extend(value)
             key = tuple(shape)
-            sql = _candidate_sql.get(key)
-            if sql is None:
-                sql = _candidate_sql_of(key)
-            for cid, body, idx in conn.execute(sql, args):
+            sql, copies = _candidate_sql.get(key) or _candidate_sql_of(key)
+            for cid, body, idx in conn.execute(sql, args * copies):
                 if cid not in found:
                     found[cid] = (body, json.loads(idx))
         return found
