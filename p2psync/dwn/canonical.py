@@ -313,7 +313,8 @@ class History:
                     return Placement(reply, verdict, False, 0)
                 self._insert(tenant, message, data, cid, key, accepted=reply.code in (202, 204), undo=undo,
                              initial=initial)
-                stored = self.store.messages.has(tenant, _stored_cid(message, cid))
+                # An appended initial write's undo names its row, which _appended just saw stored.
+                stored = undo.startswith(_INSERTED_ROW) or self.store.messages.has(tenant, _stored_cid(message, cid))
                 return Placement(reply, verdict, stored, 0)
             start = self._warp_start(tenant, key, record_id)
             self._insert(tenant, message, data, cid, key, accepted=False, undo=b"", initial=initial)
@@ -495,12 +496,11 @@ class History:
                 changes = conn.total_changes() - changes
                 if changes == 0:
                     return reply, b""  # refused before writing anything
-                journal = conn.execute("SELECT tenant, cid, delta FROM set_journal WHERE seq>?", (seq,)).fetchall()
-                row = conn.execute(
-                    "SELECT body, indexes FROM messages WHERE tenant=? AND cid=?", (tid, stored_cid)
-                ).fetchone()
-                if changes == _STORED_ONE_ROW and journal == [(tid, stored_cid, 1)] and row is not None:
-                    return reply, _INSERTED_ROW + _row_digest(row[0], row[1])
+                journal = conn.execute(_JOURNALED_ROWS_SQL, (seq,)).fetchall()
+                if changes == _STORED_ONE_ROW and len(journal) == 1:
+                    journaled_tid, journaled_cid, delta, body, indexes = journal[0]
+                    if (journaled_tid, journaled_cid, delta) == (tid, stored_cid, 1) and body is not None:
+                        return reply, _INSERTED_ROW + _row_digest(body, indexes)
                 raise _RollBack
         except _RollBack:
             pass
@@ -899,6 +899,14 @@ _OWN_ROWS_SQL: Final = "SELECT sort_key, id, touch FROM archive WHERE tenant=? A
 def _own_keys(record_id: str | None) -> tuple[str, ...]:
     """The footprint keys of a record's own messages that the archive's record index stands for."""
     return () if record_id is None else (f"rec:{record_id}", f"live:{record_id}")
+
+
+# The set-journal rows after a seq, each with the stored row it names (if still stored): what
+# _appended checks, in one statement.
+_JOURNALED_ROWS_SQL: Final = (
+    "SELECT j.tenant, j.cid, j.delta, m.body, m.indexes FROM set_journal j"
+    " LEFT JOIN messages m ON m.tenant = j.tenant AND m.cid = j.cid WHERE j.seq>?"
+)
 
 
 def _row_digest(body: Any, indexes: Any) -> bytes:
