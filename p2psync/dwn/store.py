@@ -431,6 +431,12 @@ class Store:
         self.conn.execute("PRAGMA synchronous=NORMAL")
         self.conn.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_PAGES}")
         self.conn.execute("PRAGMA foreign_keys=ON")
+        # The journals of statements and savepoints inside a transaction (every handler's
+        # nested transaction is a savepoint, and each insert that fires a trigger keeps one) in
+        # memory rather than temporary files: ~17% less SQLite CPU in an in-order apply
+        # (issue #17). They hold the pages one transaction changed (a batch: a few MB at most),
+        # and durability is the WAL's, not theirs.
+        self.conn.execute("PRAGMA temp_store=MEMORY")
         self._migrate()
         self._tenant_ids: dict[str, int] = {}
         self.messages = MessageStore(self)
