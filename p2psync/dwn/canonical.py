@@ -219,6 +219,32 @@ def archived_messages(
     return out
 
 
+def archived_body(store: Store, message: Message) -> str:
+    """The text the archive keeps of a message: its JSON (``json_compact``) less ``encodedData``.
+
+    Taken from the messages row its processing just stored when that row is this message, or
+    this message plus its data (the same keys in the same order, every value the very same
+    object, then ``encodedData``): serializing a 1 KiB message costs ~10 µs.
+    """
+    if "encodedData" not in message:
+        puts: list[tuple[Message, str]] = list(store.messages.recent_puts)
+        for stored, text in puts[::-1]:
+            if stored is message:
+                return text
+            keys = list(stored)
+            if (
+                keys[-1:] == ["encodedData"]
+                and keys[:-1] == list(message)
+                and all(stored[k] is v for k, v in message.items())
+            ):
+                # Outside a string a JSON text has `,"` only between members: this is where
+                # the last member, encodedData, starts.
+                cut = text.rfind(',"encodedData":')
+                if cut != -1:
+                    return text[:cut] + "}"
+    return json_compact({k: v for k, v in message.items() if k != "encodedData"})
+
+
 def _stored_cid(message: Message, cid: str) -> str:
     """The CID a message is stored under: a 0-byte record is stored with ``encodedData: ""``."""
     d = message["descriptor"]
@@ -512,7 +538,6 @@ class History:
     ) -> None:
         """Archive a message (a new row). ``initial``: whether it is its record's initial write,
         when the caller knows it already."""
-        body = {k: v for k, v in message.items() if k != "encodedData"}
         tid = self.store._tid(tenant)
         if initial is None:
             initial = is_initial_write(message)
@@ -527,7 +552,7 @@ class History:
                 _stored_cid(message, cid),
                 _record_id(message),
                 int(initial),
-                json_compact(body),
+                archived_body(self.store, message),
                 data,
                 int(accepted),
                 footprint.text(),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final, Protocol
@@ -331,6 +332,9 @@ def _narrowable(value: Any) -> bool:
     )
 
 
+# A write puts its own message, then (the first update of a record) its demoted initial write.
+_RECENT_PUTS: Final = 4
+
 _COLUMN_LIST = ", ".join(column for _, column in _NARROWING_COLUMNS)
 _COLUMN_MARKS = ",".join("?" * len(_NARROWING_COLUMNS))
 _NARROWING_PROPS = tuple(prop for prop, _ in _NARROWING_COLUMNS)
@@ -632,6 +636,10 @@ class MessageStore:
 
     def __init__(self, store: Store) -> None:
         self._s = store
+        # The last few messages put and their JSON text: the archive stores the same message
+        # (less its data) right after processing it, and takes its text from here rather than
+        # serializing it again (p2psync/dwn/canonical.py, `archived_body`).
+        self.recent_puts: deque[tuple[dict[str, Any], str]] = deque(maxlen=_RECENT_PUTS)
 
     def put(
         self,
@@ -648,16 +656,18 @@ class MessageStore:
         and ``body_json`` the message's ``json_compact`` form when the caller has it.
         """
         cid = cid or message_cid(message)
+        body = body_json or json_compact(message)
         self._s.conn.execute(
             _INSERT_MESSAGE,
             (
                 self._s._tid(tenant),
                 cid,
-                body_json or json_compact(message),
+                body,
                 indexes_json or json_compact(indexes),
                 *[v if isinstance(v, str) else None for v in map(indexes.get, _NARROWING_PROPS)],
             ),
         )
+        self.recent_puts.append((message, body))
 
     def get(self, tenant: str, cid: str) -> dict[str, Any] | None:
         tid = self._s.tenant_id(tenant, create=False)

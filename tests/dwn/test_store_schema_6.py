@@ -10,6 +10,7 @@ import pytest
 
 import p2psync.dwn.store as store_module
 from p2psync.dwn.canonical import Footprint
+from p2psync.dwn.encoding import json_compact, message_cid
 from p2psync.dwn.engine import Dwn
 from p2psync.dwn.records_write import RecordsWrite
 from p2psync.dwn.store import SCHEMA_VERSION, Store
@@ -129,3 +130,23 @@ def test_a_warp_on_a_migrated_store_reaches_the_canonical_state(
     assert migrated.history.verify(w.tenant) == {"missing": [], "extra": [], "changed": [], "data": []}
     migrated.close()
     fresh.close()
+
+
+def test_the_archive_keeps_each_message_as_admitted(tmp_path: Path) -> None:
+    """The archive's body is taken from the messages row just stored when it is the same
+    message (canonical.py's ``archived_body``): it must still be the message as admitted,
+    whether it came with its data inline, inherited it, was demoted or came without it."""
+    w = world()
+    dwn = Dwn(Store(tmp_path / "store.db"))
+    steps = w.ordered()
+    for step in steps:
+        dwn.process_message(w.tenant, step.message, step.data)
+    data_less = RecordsWrite.create_from(w.steps["thread-update"].message, signer=w.bob,
+                                         message_timestamp=w.clock.tick())  # keeps the data it has
+    assert dwn.process_message(w.tenant, data_less.message, None).code == 202
+    archived = dict(dwn.store.conn.execute("SELECT cid, body FROM archive").fetchall())
+    expected = {step.cid: step.message for step in steps} | {message_cid(data_less.message): data_less.message}
+    assert set(archived) == set(expected)
+    for cid, message in expected.items():
+        assert archived[cid] == json_compact({k: v for k, v in message.items() if k != "encodedData"}), cid
+    dwn.close()
