@@ -294,6 +294,38 @@ async def test_the_committer_folds_after_each_commit(tmp_path: Path) -> None:
     assert_maintained(store, index)
 
 
+async def test_a_node_folds_once_enough_rows_wait_and_every_answer_is_exact(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``committer.after_commit(index.catch_up_if_due)``: commits leave their rows in the journal
+    until FOLD_BATCH wait (or another connection folded); a digest asked in between folds first."""
+    monkeypatch.setattr(setindex, "FOLD_BATCH", 5)
+    store = Store(tmp_path / "s.db")
+    index = SetIndex(store)
+    mirror = Mirror(index)
+    committer = GroupCommitter(store, max_writes=2)
+    committer.after_commit(index.catch_up_if_due)
+    await committer.write(lambda: put(store, TENANTS[0], CIDS[0], PROTOCOLS[1]))
+    assert index.folds == 1 and index.pending() == 0  # the fresh subscriber's first fold
+    for i in range(1, 4):
+        await committer.write(lambda i=i: put(store, TENANTS[i % 2], CIDS[i], PROTOCOLS[i % 3]))
+    assert index.folds == 1 and index.pending() == 3  # fewer than 5 wait: nothing folded
+    assert index.digest(TENANTS[1]) == SetDigest(2, lthash_digest([CIDS[1], CIDS[3]]))
+    assert index.folds == 2 and index.pending() == 0  # the digest folded first
+    mirror.assert_exact(store)
+    for i in range(4, 9):
+        await committer.write(lambda i=i: put(store, TENANTS[i % 2], CIDS[i], PROTOCOLS[i % 3]))
+    assert index.folds == 3 and index.pending() == 0  # the fifth row made it due
+    mirror.assert_exact(store)
+    await committer.write(lambda: put(store, TENANTS[0], CIDS[9], None))
+    other = SetIndex(Store(tmp_path / "s.db"))
+    other.catch_up()  # another connection folded: this one catches up at its next commit
+    await committer.write(lambda: store.messages.delete(TENANTS[0], CIDS[9]))
+    assert index.folds == 4
+    mirror.assert_exact(store)
+    assert_maintained(store, index)
+
+
 def test_a_busy_store_still_answers(tmp_path: Path) -> None:
     """Another connection holds the write lock (a node mid-batch): the digest is answered from
     the folded state plus the journal rows not folded yet."""
