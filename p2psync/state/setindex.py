@@ -43,7 +43,7 @@ import apsw
 
 from p2psync.dwn.store import Store
 from p2psync.errors import LocalMisuse
-from p2psync.replication.lthash import Element, LtHash
+from p2psync.replication.lthash import ElementSum, LtHash
 
 __all__ = [
     "FLOOR_KEY",
@@ -255,20 +255,34 @@ class SetIndex:
                 found = scopes[(tid, name)] = _Scope(0, None) if row is None else _Scope(int(row[0]), bytes(row[1]))
             return found
 
-        for (tid, protocol, cid), delta in deltas.items():
-            if not delta:
-                continue
-            element = Element.of(cid)
+        def settle(tid: int, protocol: str | None, summed: ElementSum) -> None:
             targets = [scope(tid, TENANT_SCOPE)]
             if protocol:
                 targets.append(scope(tid, protocol))
             for target in targets:
-                target.count += delta
-                for _ in range(abs(delta)):
-                    if delta > 0:
-                        target.hash.add_element(element)
-                    else:
-                        target.hash.remove_element(element)
+                target.hash.add_sum(summed)
+                target.count += summed.added - summed.removed
+
+        # One sum per (tenant, protocol), added to the tenant's hash and to the protocol's: an
+        # element is hashed and summed once, whatever number of scopes it is in.
+        sums: dict[tuple[int, str | None], ElementSum] = {}
+        for (tid, protocol, cid), delta in deltas.items():
+            if not delta:
+                continue
+            key = (tid, protocol or None)
+            summed = sums.get(key)
+            if summed is None:
+                summed = sums[key] = ElementSum()
+            for _ in range(abs(delta)):
+                if summed.full:
+                    settle(tid, protocol, summed)
+                    summed = sums[key] = ElementSum()
+                if delta > 0:
+                    summed.add(cid)
+                else:
+                    summed.remove(cid)
+        for (tid, protocol), summed in sums.items():
+            settle(tid, protocol, summed)
         for (tid, name), s in scopes.items():
             if s.count == 0 and s.hash.is_empty():
                 conn.execute("DELETE FROM set_digests WHERE tenant=? AND scope=?", (tid, name))

@@ -12,6 +12,7 @@ import random
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 import apsw
 import pytest
@@ -23,7 +24,7 @@ from p2psync.dwn.encoding import compute_cid
 from p2psync.dwn.engine import Dwn
 from p2psync.dwn.store import SCHEMA_VERSION, Store
 from p2psync.errors import LocalMisuse
-from p2psync.replication.lthash import LtHash, lthash_digest
+from p2psync.replication.lthash import ElementSum, LtHash, lthash_digest
 from p2psync.state import setindex
 from p2psync.state.committer import GroupCommitter
 from p2psync.state.digest import store_digest
@@ -169,6 +170,13 @@ def test_any_puts_deletes_and_rollbacks_keep_the_digests_true(script: list[tuple
     other.catch_up()
     assert folded(store) == scan(store)
     store.close()
+
+
+def test_folds_whose_sums_fill_up_keep_the_digests_true() -> None:
+    """The same property with sums of two elements (ElementSum.CAPACITY is 65,534): a fold
+    settles a full sum into its scopes and starts another."""
+    with patch.object(ElementSum, "CAPACITY", 2):
+        test_any_puts_deletes_and_rollbacks_keep_the_digests_true()
 
 
 # --------------------------------------------------------------------------- the journal
