@@ -37,12 +37,12 @@ from p2psync.state.setindex import SetChange, SetIndex
 __all__ = ["PENDING_LIMIT", "SKETCH_SIZE", "SetSketches"]
 
 #: Symbols kept per maintained set: decodes ~16,000 differences (2^15 / ~1.4 / margin) without
-#: a scan; ~28 µs a change to keep (measured, tests/bench/bench_recon.py), ~3 MB a set.
+#: a scan; ~21 µs a change to keep (measured on a loaded host: ~25 before the float walk), ~3 MB a set.
 SKETCH_SIZE: Final = 1 << 15
 #: Salted (collision retry) views kept: a session asks one salt several times in a row.
 SALTED_CACHE: Final = 2
 #: Changes queued for a maintained set before they are walked into its sketch anyway: ~20 ms
-#: of walking on the store's thread at ~20 µs a change, and ~200 KB of queued CIDs.
+#: of walking on the store's thread at ~21 µs a change, and ~200 KB of queued CIDs.
 PENDING_LIMIT: Final = 1024
 
 _Set = tuple[str, str | None]  # (tenant, protocol or None for the whole tenant)
