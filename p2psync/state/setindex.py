@@ -66,8 +66,9 @@ PRUNED_KEY: Final = "set_journal_pruned"
 #: The ``set_digests`` scope of a whole tenant (a protocol's scope is its URL, never empty).
 TENANT_SCOPE: Final = ""
 #: Folded journal rows kept, so that a fold by another connection does not force this one's
-#: subscribers to rebuild. About 120 bytes a row: 1.2 MB. A node folds after every commit (at
-#: most 64 writes, committer.MAX_BATCH_WRITES), so a CLI's fold beside it is far within this.
+#: subscribers to rebuild. About 120 bytes a row: 1.2 MB. A node folds once FOLD_BATCH rows
+#: wait (plus at most one commit's, committer.MAX_BATCH_WRITES), so a CLI's fold beside it is far
+#: within this.
 JOURNAL_RETAIN: Final = 10_000
 #: Journal rows a node lets wait before it folds them after a commit (:meth:`SetIndex.catch_up_if_due`).
 #: A fold's fixed cost (its own write transaction, the digest rows read and written, the floor)
