@@ -46,7 +46,17 @@ import hashlib
 from collections.abc import Iterable
 from typing import Final
 
-__all__ = ["DOMAIN", "EMPTY_STATE", "LANES", "STATE_BYTES", "Element", "LtHash", "element", "lthash_digest"]
+__all__ = [
+    "DOMAIN",
+    "EMPTY_STATE",
+    "LANES",
+    "STATE_BYTES",
+    "Element",
+    "ElementSum",
+    "LtHash",
+    "element",
+    "lthash_digest",
+]
 
 #: Domain separation of the element hash (version 1 of this construction).
 DOMAIN: Final = b"p2psync-lthash-v1\x00"
@@ -83,6 +93,53 @@ class Element:
     def of(cls, cid: str) -> Element:
         x = int.from_bytes(element(cid), "little")
         return cls(x & _LOW16, (x >> 16) & _LOW16)
+
+
+class ElementSum:
+    """Elements added and removed, summed to be applied to :class:`LtHash` es at once (a fold
+    adds a commit's CIDs to their tenant's hash and to their protocol's).
+
+    Splitting each element into even and odd lanes costs a shift and two masks of 16,384-bit
+    integers; the sum needs one mask an element instead: it keeps the plain sum S of the
+    elements (carries run across lanes) and the sum E of their even lanes (each in a 32-bit
+    slot); the odd lanes' sum is then exactly (S − E) / 2¹⁶. Slots of E stay below 2³² for up to
+    :attr:`CAPACITY` elements, once ``removed``·2¹⁶ is added to each (as
+    :meth:`LtHash.remove_element` does): past that, apply the sum and start another.
+    """
+
+    __slots__ = ("_even", "_plain", "added", "removed")
+
+    #: Elements a sum may hold (see :data:`_OPS_BEFORE_REDUCE`).
+    CAPACITY: Final = _OPS_BEFORE_REDUCE - 1
+
+    def __init__(self) -> None:
+        self._plain = 0
+        self._even = 0
+        self.added = 0
+        self.removed = 0
+
+    @property
+    def full(self) -> bool:
+        return self.added + self.removed >= self.CAPACITY
+
+    def add(self, cid: str) -> None:
+        x = int.from_bytes(element(cid), "little")
+        self._plain += x
+        self._even += x & _LOW16
+        self.added += 1
+
+    def remove(self, cid: str) -> None:
+        x = int.from_bytes(element(cid), "little")
+        self._plain -= x
+        self._even -= x & _LOW16
+        self.removed += 1
+
+    def lanes(self) -> tuple[int, int]:
+        """(even, odd) slot integers to add to an :class:`LtHash`'s, every slot in [0, 2³²)."""
+        if self.added + self.removed > self.CAPACITY:
+            raise ValueError(f"an ElementSum holds at most {self.CAPACITY} elements")
+        bias = self.removed * _TWO16
+        return self._even + bias, ((self._plain - self._even) >> 16) + bias
 
 
 class LtHash:
@@ -127,6 +184,15 @@ class LtHash:
         self._even += _TWO16 - e.even
         self._odd += _TWO16 - e.odd
         self._count_op()
+
+    def add_sum(self, s: ElementSum) -> None:
+        """Add every element ``s`` added and remove every one it removed."""
+        even, odd = s.lanes()
+        if self._ops + s.added + s.removed >= _OPS_BEFORE_REDUCE:
+            self._reduce()  # then at most CAPACITY operations' worth is added to reduced slots
+        self._even += even
+        self._odd += odd
+        self._ops += s.added + s.removed
 
     def update(self, adds: Iterable[str] = (), removes: Iterable[str] = ()) -> None:
         """Add every CID of ``adds`` and remove every CID of ``removes``."""

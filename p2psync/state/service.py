@@ -70,9 +70,9 @@ class StoreService:
         self.fetcher = LocalStoreFetcher(store)
         #: the reconciliation sketches (protocol/anti-entropy.md), kept up to date
         self.sketches = SetSketches(store, flush=lambda: self._flush(fx.FlushCommits()))
-        # Fold each commit's set changes at once: the digests and sketches stay current, and a
-        # reconcile never starts with a long journal to fold.
-        committer.after_commit(self.sketches.index.catch_up)
+        # Fold the set changes once a batch of journal rows waits: a reconcile never starts with
+        # a long journal to fold, and digests and sketches fold first anyway (setindex.FOLD_BATCH).
+        committer.after_commit(self.sketches.index.catch_up_if_due)
         #: ledger steps waiting for the open batch's commit, by (link key, direction)
         self._at_commit: dict[tuple[Any, Any], list[Any]] = {}
         self._sync: dict[type, Callable[[Any], Any]] = {

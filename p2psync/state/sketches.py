@@ -4,10 +4,17 @@
 its own side (:meth:`view`, :meth:`cids_of`). For the default coder and the scopes a replica
 reconciles all the time (a whole tenant, one protocol), it keeps each set's first
 :data:`SKETCH_SIZE` coded symbols and its id → CID map in memory, built on first use from the
-store (O(n), ~30 µs a message) and then updated from :class:`~p2psync.state.setindex.SetIndex`'s
-change feed (~30 µs a change), so a session costs the responder nothing proportional to the
+store (O(n), ~20 µs a message) and then updated from :class:`~p2psync.state.setindex.SetIndex`'s
+change feed (~20 µs a change), so a session costs the responder nothing proportional to the
 set. Salted retries (after a short-id collision) are computed from a scan and the last one is
 cached. The digests are the SetIndex's maintained LtHashes.
+
+A maintained set is read only when two replicas' digests differ, while a node that pulls or is
+written to changes it with every commit; so changes are queued and walked into the sketch when
+it is read (or when :data:`PENDING_LIMIT` of them wait), and a set whose unread changes
+outnumber its members is dropped, to be built again from a scan if it is ever asked for: a
+rebuild costs what that many changes cost, so this never spends more than twice the cheaper of
+the two (the ski-rental argument), and a replica that nobody reconciles with spends nothing.
 
 Subset scopes (path or context prefixes) are not reconciled yet: ``400 ReconcileScopeUnsupported``.
 """
@@ -27,27 +34,40 @@ from p2psync.replication.scope import SyncScope
 from p2psync.replication.wire import refuse
 from p2psync.state.setindex import SetChange, SetIndex
 
-__all__ = ["SKETCH_SIZE", "SetSketches"]
+__all__ = ["PENDING_LIMIT", "SKETCH_SIZE", "SetSketches"]
 
 #: Symbols kept per maintained set: decodes ~16,000 differences (2^15 / ~1.4 / margin) without
-#: a scan; ~28 µs a change to keep (measured, tests/bench/bench_recon.py), ~3 MB a set.
+#: a scan; ~21 µs a change to keep (measured on a loaded host: ~25 before the float walk), ~3 MB a set.
 SKETCH_SIZE: Final = 1 << 15
 #: Salted (collision retry) views kept: a session asks one salt several times in a row.
 SALTED_CACHE: Final = 2
+#: Changes queued for a maintained set before they are walked into its sketch anyway: ~20 ms
+#: of walking on the store's thread at ~21 µs a change, and ~200 KB of queued CIDs.
+PENDING_LIMIT: Final = 1024
 
 _Set = tuple[str, str | None]  # (tenant, protocol or None for the whole tenant)
 
 
 class _Maintained:
-    """A maintained set: its sketch and id → CIDs map."""
+    """A maintained set: its sketch and id → CIDs map, and the changes not walked into them yet."""
 
-    __slots__ = ("by_id", "sketch")
+    __slots__ = ("by_id", "pending", "sketch", "unread")
 
     def __init__(self, coder: Coder, cids: Iterable[str]) -> None:
         self.sketch = Sketch(coder, SKETCH_SIZE)
         self.by_id: dict[int, str | list[str]] = {}
         for cid in cids:
             self.change(cid, 1)
+        #: (cid, delta) in feed order, not in ``sketch`` and ``by_id`` yet
+        self.pending: list[tuple[str, int]] = []
+        #: changes walked in since the set was last read (what keeping it has cost unread)
+        self.unread = 0
+
+    def settle(self) -> None:
+        """Walk the queued changes into the sketch and the id map."""
+        pending, self.pending = self.pending, []
+        for cid, delta in pending:
+            self.change(cid, delta)
 
     def change(self, cid: str, delta: int) -> None:
         key = self.sketch.coder.key(cid)
@@ -120,6 +140,9 @@ class SetSketches:
         if reset:
             self._kept.clear()
             return
+        if not self._kept:
+            return
+        touched: dict[_Set, _Maintained] = {}
         for change in changes:
             sets: tuple[_Set, ...] = ((change.tenant, None),)
             if change.protocol is not None:
@@ -127,7 +150,16 @@ class SetSketches:
             for key in sets:
                 kept = self._kept.get(key)
                 if kept is not None:
-                    kept.change(change.cid, change.delta)
+                    kept.pending.append((change.cid, change.delta))
+                    touched[key] = kept
+        for key, kept in touched.items():
+            if len(kept.pending) < PENDING_LIMIT:
+                continue
+            if kept.unread + len(kept.pending) > max(kept.sketch.count, PENDING_LIMIT):
+                del self._kept[key]  # rebuilding it when asked costs less than keeping it
+            else:
+                kept.unread += len(kept.pending)
+                kept.settle()
 
     @staticmethod
     def _set_of(tenant: str, scope: SyncScope) -> _Set:
@@ -149,6 +181,9 @@ class SetSketches:
         if kept is None:
             self.builds += 1
             kept = self._kept[key] = _Maintained(Coder(), self.index.cids(*key))
+        else:
+            kept.settle()
+            kept.unread = 0
         return kept
 
     def view(self, tenant: str, scope: SyncScope, coder: Coder | None = None) -> SetView:

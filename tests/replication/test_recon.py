@@ -28,7 +28,7 @@ from p2psync.replication.recon import (
     pack_symbols,
     unpack_symbols,
 )
-from p2psync.replication.riblt import Coder, Decoder, Sketch, Symbols, next_index, symbol_indexes
+from p2psync.replication.riblt import Coder, Decoder, Sketch, Symbols, _apply, next_index, symbol_indexes
 from p2psync.replication.wire import PeerError, decode_body, encode_body
 
 VECTORS = Path(__file__).resolve().parents[2] / "protocol" / "examples" / "recon-vectors.json"
@@ -112,6 +112,40 @@ def test_the_maintained_sketch_equals_one_built_from_scratch() -> None:
             fresh.add_cids(sorted(live))
             assert fresh.symbols == sketch.symbols
             assert fresh.estimator.lanes() == sketch.estimator.lanes()
+
+
+def _walk_into(key_id: int, limit: int, start: int = 0) -> Symbols:
+    """The symbols [start, limit) of a set holding one key, through the sketch's fast walk."""
+    sym = Symbols.empty(start, limit - start)
+    _apply(sym, key_id, 1, 1)
+    return sym
+
+
+def _exact_walk(key_id: int, limit: int, start: int = 0) -> list[int]:
+    return [j - start for j in symbol_indexes(key_id, limit) if j >= start]
+
+
+_LCG_INVERSE = pow(6364136223846793005, -1, 1 << 64)
+
+
+def _key_whose_first_step_sees(r: int) -> int:
+    """The key id whose PRNG state after one step is ``r`` (the LCG inverted)."""
+    return ((r - 1442695040888963407) * _LCG_INVERSE) % (1 << 64)
+
+
+def test_the_sketchs_fast_walk_is_the_exact_index_sequence() -> None:
+    # _apply takes a floating-point shortcut of next_index: on random keys, and on keys whose
+    # first step lands exactly on, or a hair either side of, a ceiling's boundary
+    # ((r+1)·m² = 9·2⁶⁴ for y = m), it must reach exactly the symbols symbol_indexes gives.
+    rng = random.Random(11)
+    keys = [rng.randrange(1 << 64) for _ in range(300)] + [0, 1, (1 << 64) - 1]
+    for m in [*range(3, 200), *rng.sample(range(200, 1 << 17), 150)]:
+        boundary = (9 << 64) // (m * m) - 1
+        keys += [_key_whose_first_step_sees(r) for r in range(boundary - 2, boundary + 3) if 0 <= r < 1 << 64]
+    for key_id in keys:
+        for limit, start in ((1 << 15, 0), (40_000, 30_000)):
+            sym = _walk_into(key_id, limit, start)
+            assert [j for j, c in enumerate(sym.counts) if c] == _exact_walk(key_id, limit, start)
 
 
 def test_the_index_sequence_is_exact_integer_arithmetic() -> None:

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from p2psync.replication.lthash import EMPTY_STATE, Element, LtHash, element, lthash_digest
+from p2psync.replication.lthash import EMPTY_STATE, Element, ElementSum, LtHash, element, lthash_digest
 
 VECTORS = Path(__file__).resolve().parents[2] / "protocol" / "examples" / "lthash-vectors.json"
 
@@ -110,3 +110,47 @@ def test_lazy_reduction_never_carries_between_lanes() -> None:
         if i % 5 == 0:
             h.remove_element(zero)
     assert h.state() == ((n * 0xFFFF) % 65536).to_bytes(2, "little") * 1024
+
+
+@settings(max_examples=60)
+@given(st.lists(cids, max_size=8), st.lists(st.tuples(cids, st.booleans()), max_size=20))
+def test_a_summed_batch_is_the_elements_one_by_one(before: list[str], batch: list[tuple[str, bool]]) -> None:
+    """ElementSum (a fold's batch) applied to two hashes, against add/remove one at a time:
+    removals of CIDs never added included (the state is a multiset's)."""
+    one_by_one, summed = LtHash(), LtHash()
+    one_by_one.update(before)
+    summed.update(before)
+    s = ElementSum()
+    for cid, added in batch:
+        (one_by_one.add if added else one_by_one.remove)(cid)
+        (s.add if added else s.remove)(cid)
+    summed.add_sum(s)
+    assert summed == one_by_one and summed.state() == one_by_one.state()
+    assert s.added == sum(added for _, added in batch) and s.removed == len(batch) - s.added
+
+
+def test_a_full_summed_batch_of_the_worst_elements_never_carries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CAPACITY elements in one sum, on a hash one operation short of its reduction: every lane
+    0xFFFF added and every lane 0 removed (2^16 into each slot). Each lane must come out exact."""
+    from p2psync.replication import lthash
+
+    ones, zeros = b"\xff" * 2048, bytes(2048)
+    monkeypatch.setattr(lthash, "element", lambda cid: ones if cid == "ones" else zeros)
+    h = LtHash()
+    for _ in range(lthash._OPS_BEFORE_REDUCE - 1):
+        h.add_element(Element(0, 0))
+    s = ElementSum()
+    removed = 0
+    while not s.full:
+        if s.added % 3 == 0 and removed < s.added:
+            s.remove("zeros")
+            removed += 1
+        else:
+            s.add("ones")
+    assert s.added + s.removed == ElementSum.CAPACITY
+    h.add_sum(s)
+    h.add_sum(s)  # twice: the second must reduce first
+    assert h.state() == ((2 * s.added * 0xFFFF) % 65536).to_bytes(2, "little") * 1024
+    s.add("ones")
+    with pytest.raises(ValueError):
+        s.lanes()

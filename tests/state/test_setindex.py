@@ -12,6 +12,7 @@ import random
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 import apsw
 import pytest
@@ -23,7 +24,7 @@ from p2psync.dwn.encoding import compute_cid
 from p2psync.dwn.engine import Dwn
 from p2psync.dwn.store import SCHEMA_VERSION, Store
 from p2psync.errors import LocalMisuse
-from p2psync.replication.lthash import LtHash, lthash_digest
+from p2psync.replication.lthash import ElementSum, LtHash, lthash_digest
 from p2psync.state import setindex
 from p2psync.state.committer import GroupCommitter
 from p2psync.state.digest import store_digest
@@ -171,6 +172,13 @@ def test_any_puts_deletes_and_rollbacks_keep_the_digests_true(script: list[tuple
     store.close()
 
 
+def test_folds_whose_sums_fill_up_keep_the_digests_true() -> None:
+    """The same property with sums of two elements (ElementSum.CAPACITY is 65,534): a fold
+    settles a full sum into its scopes and starts another."""
+    with patch.object(ElementSum, "CAPACITY", 2):
+        test_any_puts_deletes_and_rollbacks_keep_the_digests_true()
+
+
 # --------------------------------------------------------------------------- the journal
 
 
@@ -290,6 +298,38 @@ async def test_the_committer_folds_after_each_commit(tmp_path: Path) -> None:
             nursery.start_soon(writer, i)
     assert committer.commits >= 3 and len(seen_in_batch) == committer.commits
     assert index.pending() == 0 and index.folds == committer.commits
+    mirror.assert_exact(store)
+    assert_maintained(store, index)
+
+
+async def test_a_node_folds_once_enough_rows_wait_and_every_answer_is_exact(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``committer.after_commit(index.catch_up_if_due)``: commits leave their rows in the journal
+    until FOLD_BATCH wait (or another connection folded); a digest asked in between folds first."""
+    monkeypatch.setattr(setindex, "FOLD_BATCH", 5)
+    store = Store(tmp_path / "s.db")
+    index = SetIndex(store)
+    mirror = Mirror(index)
+    committer = GroupCommitter(store, max_writes=2)
+    committer.after_commit(index.catch_up_if_due)
+    await committer.write(lambda: put(store, TENANTS[0], CIDS[0], PROTOCOLS[1]))
+    assert index.folds == 1 and index.pending() == 0  # the fresh subscriber's first fold
+    for i in range(1, 4):
+        await committer.write(lambda i=i: put(store, TENANTS[i % 2], CIDS[i], PROTOCOLS[i % 3]))
+    assert index.folds == 1 and index.pending() == 3  # fewer than 5 wait: nothing folded
+    assert index.digest(TENANTS[1]) == SetDigest(2, lthash_digest([CIDS[1], CIDS[3]]))
+    assert index.folds == 2 and index.pending() == 0  # the digest folded first
+    mirror.assert_exact(store)
+    for i in range(4, 9):
+        await committer.write(lambda i=i: put(store, TENANTS[i % 2], CIDS[i], PROTOCOLS[i % 3]))
+    assert index.folds == 3 and index.pending() == 0  # the fifth row made it due
+    mirror.assert_exact(store)
+    await committer.write(lambda: put(store, TENANTS[0], CIDS[9], None))
+    other = SetIndex(Store(tmp_path / "s.db"))
+    other.catch_up()  # another connection folded: this one catches up at its next commit
+    await committer.write(lambda: store.messages.delete(TENANTS[0], CIDS[9]))
+    assert index.folds == 4
     mirror.assert_exact(store)
     assert_maintained(store, index)
 

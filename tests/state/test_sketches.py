@@ -8,9 +8,14 @@ set only) silently breaks every decode until the sketch is rebuilt.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+from unittest.mock import patch
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from p2psync.dwn.encoding import compute_cid
 from p2psync.dwn.engine import Dwn
 from p2psync.dwn.records import create_records_delete
 from p2psync.dwn.store import Store
@@ -20,6 +25,8 @@ from p2psync.replication.recon import DIGEST_BYTES
 from p2psync.replication.riblt import Coder, Sketch
 from p2psync.replication.scope import SyncScope
 from p2psync.replication.wire import PeerError
+from p2psync.state import sketches as sketches_module
+from p2psync.state.setindex import SetIndex
 from p2psync.state.sketches import SKETCH_SIZE, SetSketches
 from tests.peer.support import Clock, seeded, write_notes
 
@@ -97,3 +104,108 @@ def test_reads_refuse_an_open_transaction_and_subset_scopes(tmp_path: Path) -> N
     with pytest.raises(PeerError) as info:
         sketches.view(ALICE.did, subset)
     assert info.value.name == "ReconcileScopeUnsupported"
+
+
+# --------------------------------------------------------------------------- queued changes
+
+
+TENANTS = ["did:example:alice", "did:example:bob"]
+PROTOCOLS = [None, "https://example.com/a", "https://example.com/b"]
+CIDS = [compute_cid({"n": i}) for i in range(10)]
+
+
+def put(store: Store, tenant: str, cid: str, protocol: str | None) -> None:
+    indexes: dict[str, Any] = {"interface": "Records", "method": "Write"}
+    if protocol is not None:
+        indexes["protocol"] = protocol
+    store.messages.put(tenant, {"cid": cid}, indexes, cid=cid)
+
+
+def assert_scope_maintained(sketches: SetSketches, store: Store, tenant: str, protocol: str | None) -> None:
+    scope = GLOBAL if protocol is None else SyncScope.for_protocol(protocol)
+    cids = sketches.index.cids(tenant, protocol)
+    view = sketches.view(tenant, scope)
+    expected = fresh(cids)
+    assert view.count == len(cids)
+    assert view.symbols(0, SKETCH_SIZE) == expected.symbols
+    assert view.lanes() == expected.estimator.lanes()
+    ids = [Coder().key(c).id for c in cids]
+    assert sketches.cids_of(tenant, scope, Coder(), ids) == sorted(cids)
+
+
+step = st.one_of(
+    st.tuples(st.just("put"), st.sampled_from(TENANTS), st.sampled_from(CIDS), st.sampled_from(PROTOCOLS)),
+    st.tuples(st.just("delete"), st.sampled_from(TENANTS), st.sampled_from(CIDS)),
+    st.tuples(st.just("commit")),
+    st.tuples(st.just("read"), st.sampled_from(TENANTS[:1]), st.sampled_from(PROTOCOLS[:2])),
+    st.tuples(st.just("fold-other")),
+)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(step, max_size=50), st.sampled_from([1, 2, 3, 5]))
+def test_queued_changes_leave_every_read_exact(script: list[tuple[Any, ...]], limit: int) -> None:
+    """Changes are queued, walked in at the limit or at a read, and a set read too rarely is
+    dropped and rebuilt: whatever the order, every read equals a sketch built from scratch."""
+    store = Store(":memory:")
+    for tenant in TENANTS:
+        store.tenant_id(tenant)
+    committer_open = False
+    with patch.object(sketches_module, "PENDING_LIMIT", limit):
+        sketches, other = SetSketches(store), SetIndex(store)
+        for kind, *args in script:
+            if kind in ("put", "delete") and not committer_open:
+                store.conn.execute("BEGIN")  # a batch of writes, as the group committer makes
+                committer_open = True
+            if kind == "put":
+                put(store, args[0], args[1], args[2])
+            elif kind == "delete":
+                store.messages.delete(args[0], args[1])
+            elif committer_open:
+                store.conn.execute("COMMIT")
+                committer_open = False
+                sketches.index.catch_up()
+            if kind == "read":
+                assert_scope_maintained(sketches, store, args[0], args[1])
+            elif kind == "fold-other":
+                other.catch_up()
+        if committer_open:
+            store.conn.execute("COMMIT")
+        for tenant in TENANTS:
+            for protocol in PROTOCOLS:
+                assert_scope_maintained(sketches, store, tenant, protocol)
+    store.close()
+
+
+def test_a_set_changed_more_than_it_holds_before_a_read_is_rebuilt_not_walked(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.db")
+    sketches = SetSketches(store)
+    with patch.object(sketches_module, "PENDING_LIMIT", 4):
+        for cid in CIDS[:8]:
+            put(store, ALICE.did, cid, None)
+        assert_scope_maintained(sketches, store, ALICE.did, None)
+        assert sketches.builds == 1
+        for cid in CIDS[8:]:  # 2 changes, fewer than the set's 8: kept and walked in at the read
+            put(store, ALICE.did, cid, None)
+        sketches.index.catch_up()
+        assert_scope_maintained(sketches, store, ALICE.did, None)
+        assert sketches.builds == 1
+        # Unread changes are walked in 4 at a time (the limit) while they are fewer than the
+        # set holds; once they outnumber it, it is dropped and built again when read.
+        for cid in CIDS[:5]:
+            store.messages.delete(ALICE.did, cid)
+            sketches.index.catch_up()
+        kept = sketches._kept[(ALICE.did, None)]
+        assert kept.unread == 4 and len(kept.pending) == 1 and kept.sketch.count == 6
+        assert_scope_maintained(sketches, store, ALICE.did, None)
+        assert sketches.builds == 1
+        for cid in CIDS[5:]:  # 4 walked in (4 unread against 5 held), then 1 queued
+            store.messages.delete(ALICE.did, cid)
+            sketches.index.catch_up()
+        for cid in CIDS[:3]:  # 8 unread against 1 held
+            put(store, ALICE.did, cid, None)
+            sketches.index.catch_up()
+        assert (ALICE.did, None) not in sketches._kept
+        assert_scope_maintained(sketches, store, ALICE.did, None)
+        assert sketches.builds == 2
+    store.close()
