@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable
 from typing import IO, Any
 
+from p2psync.dwn import memo
 from p2psync.dwn.encoding import b64url_decode, message_cid
 from p2psync.dwn.engine import Dwn
 from p2psync.dwn.errors import DwnError
@@ -78,6 +79,11 @@ class PipeSession:
         if not isinstance(request, dict):
             return {"cid": None, "status": _status(400, "PipeRequestInvalid: a request is a JSON object")}
         message = request.get("message")
+        # The engine derives the same CID again: keep it for the length of this request.
+        with memo.processing(message):
+            return self._handle(request, message)
+
+    def _handle(self, request: dict[str, Any], message: Any) -> dict[str, Any]:
         cid = _safe_cid(message)
         op, tenant = request.get("op"), request.get("tenant")
         if op not in ("process", "query", "apply"):
