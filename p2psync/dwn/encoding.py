@@ -98,6 +98,17 @@ def json_compact(value: Any) -> str:
     return _COMPACT_ENCODER.encode(value)
 
 
+def message_json(message: dict[str, Any]) -> str:
+    """``json_compact(message)``, written once for the message being processed (its stored
+    body and its archived body are the same text)."""
+    held = _memo.of(message)
+    if held is None:
+        return _COMPACT_ENCODER.encode(message)
+    if held.json is None:
+        held.json = _COMPACT_ENCODER.encode(message)
+    return held.json
+
+
 # --------------------------------------------------------------------------- DAG-CBOR
 
 
@@ -353,6 +364,9 @@ def message_cid(message: dict[str, Any]) -> str:
         return _message_cid(message)
     if held.cid is None:
         encoding = held.descriptor_encoding
+        if encoding is None and type(message) is dict and type(message.get("descriptor")) is dict:
+            # Its parse will want the descriptor's encoding too: make it now, once.
+            encoding = held.descriptor_encoding = DescriptorEncoding(message["descriptor"])
         held.cid = encoding.message_cid(message) if encoding is not None else _message_cid(message)
     return held.cid
 

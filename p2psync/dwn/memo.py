@@ -25,11 +25,12 @@ __all__ = ["MessageMemo", "of", "processing"]
 class MessageMemo:
     """Facts about one message object; each is None until someone derived it."""
 
-    __slots__ = ("message", "cid", "descriptor_encoding", "payload", "data", "data_cid")
+    __slots__ = ("message", "cid", "json", "descriptor_encoding", "payload", "data", "data_cid")
 
     def __init__(self, message: Any, cid: str | None) -> None:
         self.message = message
         self.cid = cid  # the message CID (encoding.message_cid)
+        self.json: str | None = None  # encoding.json_compact(message)
         # encoding.DescriptorEncoding of message["descriptor"], with its entry ids
         self.descriptor_encoding: Any = None
         # (the authorization's signature JWS, its decoded payload)

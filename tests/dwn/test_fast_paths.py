@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from p2psync.dwn import jws, memo, timeutil
 from p2psync.dwn.datacid import data_cid
 from p2psync.dwn.did import Identity
-from p2psync.dwn.encoding import DescriptorEncoding, compute_cid, json_compact, message_cid, raw_cid
+from p2psync.dwn.encoding import DescriptorEncoding, compute_cid, json_compact, message_cid, message_json, raw_cid
 from p2psync.dwn.engine import Dwn
 from p2psync.dwn.errors import DwnError
 from p2psync.dwn.records_write import RecordsWrite, get_entry_id, is_initial_write
@@ -176,3 +176,17 @@ def test_memo_ends_with_the_call(alice: Identity) -> None:
         assert memo.of(message) is not None
     assert memo.of(message) is None
     assert message_cid(message) == compute_cid(message)
+
+
+def test_memo_writes_the_message_json_once(alice: Identity) -> None:
+    message = RecordsWrite.create(signer=alice, data=b"x", data_format="text/plain").message
+    with memo.processing(message):
+        text = message_json(message)
+        assert message_json(message) is text
+        assert text == json_compact(message)
+        # Its CID, computed first, leaves the descriptor's encoding for the parse to reuse.
+        assert message_cid(message) == compute_cid(message)
+        held = memo.of(message)
+        assert held is not None and held.descriptor_encoding is not None
+        assert RecordsWrite.parse(message)._descriptor_encoding is held.descriptor_encoding
+    assert message_json(message) == text
