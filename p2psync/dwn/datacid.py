@@ -28,6 +28,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Final
 
+from p2psync.dwn import memo
 from p2psync.dwn.encoding import base32_multibase
 
 #: Chunk size of the importer's default fixed-size chunker (ipfs-unixfs-importer 15.1.5).
@@ -192,7 +193,23 @@ class DataCidBuilder:
 
 
 def data_cid(data: bytes | bytearray | memoryview) -> str:
-    """Return the reference DWN's ``dataCid`` of ``data``."""
+    """Return the reference DWN's ``dataCid`` of ``data``.
+
+    Within an engine call (:mod:`p2psync.dwn.memo`) the CID of the last ``bytes`` object
+    hashed is kept: the replicated apply checks the data before the handler checks it again,
+    and a ``bytes`` object cannot change.
+    """
+    held = memo.current()
+    if held is None or type(data) is not bytes:
+        return _data_cid(data)
+    if held.data is not data:
+        held.data_cid = _data_cid(data)
+        held.data = data
+    assert held.data_cid is not None
+    return held.data_cid
+
+
+def _data_cid(data: bytes | bytearray | memoryview) -> str:
     view = memoryview(data).cast("B")
     size = len(view)
     if size <= CHUNK_SIZE:

@@ -21,6 +21,7 @@ from typing import Any
 import cbor2
 import dag_cbor
 
+from p2psync.dwn import memo as _memo
 from p2psync.dwn.errors import DwnError
 
 # Multicodec and multihash codes (multiformats table).
@@ -95,6 +96,17 @@ _COMPACT_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, a
 def json_compact(value: Any) -> str:
     """``JSON.stringify`` of a JSON-shaped value: no spaces, keys in insertion order."""
     return _COMPACT_ENCODER.encode(value)
+
+
+def message_json(message: dict[str, Any]) -> str:
+    """``json_compact(message)``, written once for the message being processed (its stored
+    body and its archived body are the same text)."""
+    held = _memo.of(message)
+    if held is None:
+        return _COMPACT_ENCODER.encode(message)
+    if held.json is None:
+        held.json = _COMPACT_ENCODER.encode(message)
+    return held.json
 
 
 # --------------------------------------------------------------------------- DAG-CBOR
@@ -347,6 +359,19 @@ def compute_cid(value: Any) -> str:
 
 def message_cid(message: dict[str, Any]) -> str:
     """The reference's ``Message.getCid``: the whole message less a *non-empty* encodedData."""
+    held = _memo.of(message)
+    if held is None:
+        return _message_cid(message)
+    if held.cid is None:
+        encoding = held.descriptor_encoding
+        if encoding is None and type(message) is dict and type(message.get("descriptor")) is dict:
+            # Its parse will want the descriptor's encoding too: make it now, once.
+            encoding = held.descriptor_encoding = DescriptorEncoding(message["descriptor"])
+        held.cid = encoding.message_cid(message) if encoding is not None else _message_cid(message)
+    return held.cid
+
+
+def _message_cid(message: dict[str, Any]) -> str:
     if message.get("encodedData"):
         message = {k: v for k, v in message.items() if k != "encodedData"}
     return compute_cid(message)
@@ -362,7 +387,7 @@ class DescriptorEncoding:
     way, so the results (and errors) are those of :func:`compute_cid` / :func:`message_cid`.
     """
 
-    __slots__ = ("descriptor", "_keys", "_values", "_offsets", "_encoded", "_cid")
+    __slots__ = ("descriptor", "_keys", "_values", "_offsets", "_encoded", "_cid", "_with")
 
     def __init__(self, descriptor: dict[str, Any]) -> None:
         self.descriptor = descriptor
@@ -371,6 +396,7 @@ class DescriptorEncoding:
         self._offsets: list[int] = []  # where each member starts in the encoding, in map order
         self._encoded: bytes | None = None
         self._cid: str | None = None
+        self._with: tuple[str, str, str] | None = None  # the last cid_with: (key, str value, CID)
         if type(descriptor) is not dict:
             return
         keys = tuple(descriptor)
@@ -411,6 +437,15 @@ class DescriptorEncoding:
 
     def cid_with(self, key: str, value: Any) -> str:
         """``compute_cid({**descriptor, key: value})`` (the entry id, with ``author``)."""
+        last = self._with
+        if last is not None and type(value) is str and last[0] == key and last[1] == value:
+            return last[2]
+        cid = self._cid_with(key, value)
+        if type(key) is str and type(value) is str:
+            self._with = (key, value, cid)
+        return cid
+
+    def _cid_with(self, key: str, value: Any) -> str:
         encoded = self._encoded
         if encoded is not None and type(key) is str and key not in self._values:
             extra = _fast_encode(value)
@@ -428,6 +463,14 @@ class DescriptorEncoding:
 
     def message_cid(self, message: dict[str, Any]) -> str:
         """``message_cid(message)`` for a message whose ``descriptor`` is this one."""
+        held = _memo.of(message)
+        if held is None:
+            return self._message_cid(message)
+        if held.cid is None:
+            held.cid = self._message_cid(message)
+        return held.cid
+
+    def _message_cid(self, message: dict[str, Any]) -> str:
         descriptor_encoded = self._encoded
         if (
             descriptor_encoded is not None
@@ -447,9 +490,9 @@ class DescriptorEncoding:
                     else:
                         _fast_into(message[key], out)
             except Exception:  # see _fast_encode
-                return message_cid(message)
+                return _message_cid(message)
             return cid_of_bytes(b"".join(out))
-        return message_cid(message)
+        return _message_cid(message)
 
 
 # (keys of a map, a key it lacks) -> (where the key goes in map order, its encoding); bounded.

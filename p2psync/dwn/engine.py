@@ -13,7 +13,7 @@ from typing import Any
 
 import apsw
 
-from p2psync.dwn import replicated, schemas
+from p2psync.dwn import memo, replicated, schemas
 from p2psync.dwn.canonical import History, is_stateful
 from p2psync.dwn.errors import DwnError
 from p2psync.dwn.handlers import messages_handlers, protocols, records
@@ -108,6 +108,10 @@ class Dwn:
         its canonical place (p2psync/dwn/canonical.py); the answer is the reference's against
         the current state either way.
         """
+        with memo.processing(message):
+            return self._process_message(tenant, message, data)
+
+    def _process_message(self, tenant: str, message: Any, data: bytes | None) -> Reply:
         early = self.validate_tenant(tenant) or self.validate_message_integrity(message)
         if early is not None:
             return early

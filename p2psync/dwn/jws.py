@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from p2psync.dwn import ed25519
+from p2psync.dwn import ed25519, memo
 from p2psync.dwn.did import Identity, verification_key
 from p2psync.dwn.encoding import b64url_decode, b64url_encode, b64url_json, json_compact
 from p2psync.dwn.errors import DwnError
@@ -52,7 +52,25 @@ def signer_did(jws: dict[str, Any]) -> str:
 
 
 def decode_payload(jws: dict[str, Any]) -> dict[str, Any]:
-    """The JSON object a JWS signs; 400 unless it is a plain object."""
+    """The JSON object a JWS signs; 400 unless it is a plain object.
+
+    The payload of the signature of the message being processed is decoded once (its parse
+    and the history's footprint both read it); callers only read the dict.
+    """
+    held = memo.current()
+    if held is None:
+        return _decode_payload(jws)
+    known = held.payload
+    if known is not None and known[0] is jws:
+        return known[1]
+    payload = _decode_payload(jws)
+    authorization = held.message.get("authorization") if isinstance(held.message, dict) else None
+    if isinstance(authorization, dict) and authorization.get("signature") is jws:
+        held.payload = (jws, payload)
+    return payload
+
+
+def _decode_payload(jws: dict[str, Any]) -> dict[str, Any]:
     try:
         payload = b64url_json(jws["payload"])
     except DwnError as exc:

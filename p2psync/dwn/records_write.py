@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from p2psync.dwn import jws, records_util, urls
+from p2psync.dwn import jws, memo, records_util, urls
 from p2psync.dwn.datacid import data_cid as compute_data_cid
 from p2psync.dwn.did import Identity
 from p2psync.dwn.encoding import DescriptorEncoding, compute_cid, message_cid
@@ -43,7 +43,23 @@ def is_initial_write(message: Message) -> bool:
     d = message["descriptor"]
     if d.get("interface") != "Records" or d.get("method") != "Write":
         return False
-    return get_entry_id(get_author(message), d) == message.get("recordId")
+    author = get_author(message)
+    if author is not None and memo.of(message) is not None:
+        # The message being processed: its handler derives the same entry id from the same encoding.
+        return descriptor_encoding(message).cid_with("author", author) == message.get("recordId")
+    return get_entry_id(author, d) == message.get("recordId")
+
+
+def descriptor_encoding(message: Message) -> DescriptorEncoding:
+    """The encoding of ``message["descriptor"]``; made once for the message being processed."""
+    descriptor = message["descriptor"]
+    held = memo.of(message)
+    if held is None:
+        return DescriptorEncoding(descriptor)
+    encoding: DescriptorEncoding | None = held.descriptor_encoding
+    if encoding is None or encoding.descriptor is not descriptor:
+        encoding = held.descriptor_encoding = DescriptorEncoding(descriptor)
+    return encoding
 
 
 def get_initial_write(messages: Sequence[Message]) -> Message:
@@ -179,7 +195,7 @@ class RecordsWrite:
         """Structure and integrity checks of the reference's ``RecordsWrite.parse`` (400s)."""
         authorization = message["authorization"]
         # The descriptor is encoded once for its CID, the entry id and the message CID.
-        encoding = DescriptorEncoding(message["descriptor"])
+        encoding = descriptor_encoding(message)
         payload = check_signature_structure(
             authorization["signature"], lambda: encoding.cid, "RecordsWriteSignaturePayload"
         )

@@ -37,7 +37,7 @@ from typing import Any, Final
 
 import apsw
 
-from p2psync.dwn import permissions
+from p2psync.dwn import memo, permissions
 from p2psync.dwn.authentication import authenticate
 from p2psync.dwn.canonical import History, Placement, Verdict, archived_record, is_stateful, signature_payload
 from p2psync.dwn.datacid import data_cid as compute_data_cid
@@ -153,6 +153,14 @@ def apply_replicated_message(
 
     ``cid``: the CID the caller computed from ``message`` itself (it saves recomputing it).
     """
+    known = cid if cid is not None and not cid.startswith("uncomputable:") else None
+    with memo.processing(message, known):
+        return _apply(dwn, tenant, message, data, cid)
+
+
+def _apply(
+    dwn: MessageProcessor, tenant: str, message: Any, data: bytes | None, cid: str | None
+) -> ReplicationApplyResult:
     if not isinstance(tenant, str) or not tenant:
         return Invalid("tenant must be a DID string")
     if not _tenant_active(dwn, tenant):

@@ -1,11 +1,14 @@
 """The engine's shortcuts give exactly what the general code gives: timestamps the fast check
-accepts parse, the stored body spliced around inline data is the message's compact JSON, and
-the three CIDs a parsed RecordsWrite derives from one descriptor encoding are the plain ones."""
+accepts parse, the stored body spliced around inline data is the message's compact JSON, the
+three CIDs a parsed RecordsWrite derives from one descriptor encoding are the plain ones, and
+what one engine call remembers about its message (p2psync/dwn/memo.py) stays with that object,
+that thread and that call."""
 
 from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -13,12 +16,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from p2psync.dwn import timeutil
+from p2psync.dwn import jws, memo, timeutil
+from p2psync.dwn.datacid import data_cid
 from p2psync.dwn.did import Identity
-from p2psync.dwn.encoding import DescriptorEncoding, compute_cid, json_compact, message_cid
+from p2psync.dwn.encoding import DescriptorEncoding, compute_cid, json_compact, message_cid, message_json, raw_cid
 from p2psync.dwn.engine import Dwn
 from p2psync.dwn.errors import DwnError
-from p2psync.dwn.records_write import RecordsWrite, get_entry_id
+from p2psync.dwn.records_write import RecordsWrite, get_entry_id, is_initial_write
 from p2psync.dwn.store import Store
 
 
@@ -119,3 +123,70 @@ def test_parsed_write_derives_the_plain_cids(alice: Identity) -> None:
     # A message carrying its data inline: the CID leaves non-empty encodedData out.
     with_data = {**message, "encodedData": "aGVsbG8"}
     assert RecordsWrite.parse(with_data).cid == message_cid(message)
+
+
+# --------------------------------------------------------------------------- memo
+
+
+def test_memo_keeps_facts_for_that_message_object_only(alice: Identity) -> None:
+    write = RecordsWrite.create(signer=alice, data=b"hello", data_format="text/plain")
+    message = write.message
+    twin = json.loads(json.dumps(message))  # equal, but another object
+    cid = compute_cid(message)
+    with memo.processing(message, "bafy-what-the-caller-computed"):
+        # The caller's CID is trusted for this very object, and only for it.
+        assert message_cid(message) == "bafy-what-the-caller-computed"
+        assert message_cid(twin) == cid
+        payload = jws.decode_payload(message["authorization"]["signature"])
+        assert jws.decode_payload(message["authorization"]["signature"]) is payload
+        assert jws.decode_payload(twin["authorization"]["signature"]) is not payload
+        assert is_initial_write(message) and is_initial_write(twin)
+        assert RecordsWrite.parse(message).entry_id == message["recordId"]
+    # Outside the call nothing is kept: a changed message gets its own CID.
+    changed = message
+    changed["descriptor"] = {**message["descriptor"], "dataFormat": "text/html"}
+    assert message_cid(changed) == compute_cid(changed)
+    assert not is_initial_write(changed)
+
+
+def test_memo_data_cid_is_per_bytes_object() -> None:
+    first, second = b"a" * 100, b"b" * 100
+    with memo.processing({}):
+        assert data_cid(first) == data_cid(first) == raw_cid(first)
+        assert data_cid(second) == raw_cid(second)
+        assert data_cid(bytearray(first)) == raw_cid(first)
+
+
+def test_memo_is_per_thread(alice: Identity) -> None:
+    message = RecordsWrite.create(signer=alice, data=b"x", data_format="text/plain").message
+    seen: list[str] = []
+    with memo.processing(message, "bafy-only-on-this-thread"):
+        thread = threading.Thread(target=lambda: seen.append(message_cid(message)))
+        thread.start()
+        thread.join()
+        assert message_cid(message) == "bafy-only-on-this-thread"
+    assert seen == [compute_cid(message)]
+
+
+def test_memo_ends_with_the_call(alice: Identity) -> None:
+    message = RecordsWrite.create(signer=alice, data=b"x", data_format="text/plain").message
+    with memo.processing(message, "bafy-outer"):
+        with memo.processing(message):  # the pipe, then the engine: one message, one memo
+            assert message_cid(message) == "bafy-outer"
+        assert memo.of(message) is not None
+    assert memo.of(message) is None
+    assert message_cid(message) == compute_cid(message)
+
+
+def test_memo_writes_the_message_json_once(alice: Identity) -> None:
+    message = RecordsWrite.create(signer=alice, data=b"x", data_format="text/plain").message
+    with memo.processing(message):
+        text = message_json(message)
+        assert message_json(message) is text
+        assert text == json_compact(message)
+        # Its CID, computed first, leaves the descriptor's encoding for the parse to reuse.
+        assert message_cid(message) == compute_cid(message)
+        held = memo.of(message)
+        assert held is not None and held.descriptor_encoding is not None
+        assert RecordsWrite.parse(message)._descriptor_encoding is held.descriptor_encoding
+    assert message_json(message) == text

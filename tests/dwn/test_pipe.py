@@ -1,4 +1,5 @@
-"""The interop pipe: one reply per line, coded errors for malformed input, never a crash."""
+"""The interop pipe: one reply per line, coded errors for malformed input, never a crash; requests
+that share a commit answer as they would alone, and no reply leaves before its commit."""
 
 from __future__ import annotations
 
@@ -6,13 +7,19 @@ import io
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+
+import apsw
+import pytest
 
 from p2psync.dwn.did import Identity
 from p2psync.dwn.encoding import b64url_encode, message_cid
-from p2psync.dwn.pipe import run_pipe
+from p2psync.dwn.engine import Dwn
+from p2psync.dwn.pipe import PipeSession, _handle_batch, run_pipe
 from p2psync.dwn.records import ALL_RECORDS_FILTER, create_records_query, create_records_read
 from p2psync.dwn.records_write import RecordsWrite
+from p2psync.dwn.store import Store
 
 
 def _run(tmp_path: Path, lines: list[str]) -> list[dict[str, object]]:
@@ -68,3 +75,83 @@ def test_pipe_as_a_process(tmp_path: Path) -> None:
     assert proc.returncode == 0
     reply = json.loads(proc.stdout)
     assert reply["status"]["code"] == 400 and reply["cid"] is None
+
+
+def _write_lines(alice: Identity, n: int) -> list[str]:
+    lines = []
+    for i in range(n):
+        data = f"record {i}".encode()
+        w = RecordsWrite.create(signer=alice, data=data, data_format="text/plain")
+        lines.append(json.dumps({"op": "process", "tenant": alice.did, "message": w.message,
+                                 "data": b64url_encode(data)}))
+    return lines
+
+
+def test_a_batch_answers_as_its_requests_one_by_one(tmp_path: Path, alice: Identity) -> None:
+    writes = _write_lines(alice, 5)
+    query = json.dumps({"op": "query", "tenant": alice.did,
+                        "message": create_records_query(signer=alice, filter=ALL_RECORDS_FILTER)})
+    # A repeat (409), a refusal in the middle (its savepoint only), a query seeing the writes before it.
+    lines = [*writes[:3], writes[1], "{not json", writes[3], query, writes[4], query]
+    one_by_one = PipeSession(Dwn(Store(tmp_path / "alone.db")))
+    alone = [one_by_one.handle_line(line) for line in lines]
+    one_by_one.dwn.close()
+    batched = PipeSession(Dwn(Store(tmp_path / "batched.db")))
+    commits: list[int] = []
+    batched.dwn.store.conn.set_commit_hook(lambda: commits.append(1) or False)
+    together = _handle_batch(batched, lines)
+    batched.dwn.close()
+    assert together == alone
+    assert [r["status"]["code"] for r in together] == [202, 202, 202, 409, 400, 202, 200, 202, 200]
+    assert len(together[8]["entries"]) == 5
+    assert len(commits) == 1
+
+
+def test_a_batch_that_cannot_lock_the_store_runs_its_requests_alone(tmp_path: Path, alice: Identity) -> None:
+    lines = _write_lines(alice, 3)
+    session = PipeSession(Dwn(Store(tmp_path / "s.db", busy_timeout=0.05)))
+    other = apsw.Connection(str(tmp_path / "s.db"))
+    other.execute("BEGIN IMMEDIATE")
+    busy = _handle_batch(session, lines)
+    assert [r["status"]["code"] for r in busy] == [503] * 3
+    other.execute("ROLLBACK")
+    assert [r["status"]["code"] for r in _handle_batch(session, lines)] == [202] * 3
+    session.dwn.close()
+
+
+class _CheckingOut(io.StringIO):
+    """Output that checks, at each write, that every message replied to is committed."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path = path
+
+    def write(self, text: str) -> int:
+        n = super().write(text)
+        replied = self.getvalue().count('"code":202')
+        reader = apsw.Connection(str(self.path))
+        (committed,) = reader.execute("SELECT count(*) FROM archive").fetchone()
+        reader.close()
+        assert committed == replied
+        return n
+
+
+def test_replies_leave_after_their_commit(tmp_path: Path, alice: Identity) -> None:
+    lines = _write_lines(alice, 150)  # more than one batch
+    out = _CheckingOut(tmp_path / "pipe.db")
+    assert run_pipe(str(tmp_path / "pipe.db"), io.StringIO("".join(x + "\n" for x in lines)), out) == 0
+    replies = [json.loads(x) for x in out.getvalue().splitlines()]
+    assert [r["status"]["code"] for r in replies] == [202] * len(lines)
+
+
+def test_a_failing_input_ends_the_pipe_after_the_replies_before_it(tmp_path: Path, alice: Identity) -> None:
+    good = _write_lines(alice, 2)
+
+    def lines() -> Iterator[str]:
+        yield from (x + "\n" for x in good)
+        raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")
+
+    out = io.StringIO()
+    with pytest.raises(UnicodeDecodeError):
+        run_pipe(str(tmp_path / "pipe.db"), lines(), out)  # type: ignore[arg-type]
+    assert [json.loads(x)["status"]["code"] for x in out.getvalue().splitlines()] == [202, 202]

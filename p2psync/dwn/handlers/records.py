@@ -12,7 +12,7 @@ from typing import Any
 from p2psync.dwn import grant_authorization, permissions, protocol_authorization, records_util
 from p2psync.dwn.authentication import authenticate
 from p2psync.dwn.datacid import data_cid as compute_data_cid
-from p2psync.dwn.encoding import b64url_decode, b64url_encode, json_compact, message_cid
+from p2psync.dwn.encoding import b64url_decode, b64url_encode, json_compact, message_cid, message_json
 from p2psync.dwn.errors import DwnError
 from p2psync.dwn.generic_message import (
     GenericMessage,
@@ -273,7 +273,7 @@ def _inline_data_body_json(message: Message, stored: Message) -> str | None:
     """
     if stored is message or not message or "encodedData" in message:
         return None
-    return f'{json_compact(message)[:-1]},"encodedData":"{stored["encodedData"]}"}}'
+    return f'{message_json(message)[:-1]},"encodedData":"{stored["encodedData"]}"}}'
 
 
 def _process_without_data(store: Store, tenant: str, message: Message, newest_existing: Message) -> Message:
