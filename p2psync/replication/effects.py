@@ -45,6 +45,7 @@ __all__ = [
     "LocalSetView",
     "AnswerRefs",
     "Apply",
+    "ApplyBatch",
     "ApplyGrant",
     "AwaitClaim",
     "ClaimMessages",
@@ -349,6 +350,21 @@ class Apply(StoreRequest):
 
     tenant: str
     entry: Any
+    origin: str | None
+    payer: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyBatch(StoreRequest):
+    """Apply several replicated messages in order inside the open group commit, each exactly as
+    its own :class:`Apply` would be (origin, payer, quotas), in one store request: a `revs`
+    (§8.4) costs one request, not one per message (issue #17). It stops after the first entry
+    whose result is ``Incomplete`` (its closure must run before the next is applied) or whose
+    apply raised. Answers ``(done, error)``: the ``(result, ticket)`` of each entry applied,
+    in order, and the exception that stopped it (None when none did)."""
+
+    tenant: str
+    entries: tuple[Any, ...]
     origin: str | None
     payer: str | None = None
 

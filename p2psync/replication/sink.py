@@ -40,6 +40,7 @@ from p2psync.replication.closure import (
 )
 from p2psync.replication.effects import (
     Apply,
+    ApplyBatch,
     AwaitClaim,
     Call,
     ClaimMessages,
@@ -55,7 +56,7 @@ from p2psync.replication.effects import (
     Transition,
 )
 from p2psync.replication.observer import SyncObserver
-from p2psync.replication.stats import NotApplied, NotAppliedLog, SyncStats
+from p2psync.replication.stats import NOT_APPLIED_KINDS, NotApplied, NotAppliedLog, SyncStats
 from p2psync.replication.window import ProgressWindow, WindowItem
 from p2psync.replication.wire import (
     DEFAULT_MAX_DATA,
@@ -222,6 +223,8 @@ class Sink:
     def note_result(self, cid: str, result: ReplicationApplyResult) -> None:
         """Keep a message that did not apply (Invalid, Incomplete) in this sync's stats and the
         peer's log, with a line on the log (``-v``)."""
+        if result.kind not in NOT_APPLIED_KINDS:
+            return
         entry = NotApplied.of(cid, self.tenant, result.to_json(), peer=self.host.remote_store_id)
         if entry is not None:
             self.stats.not_applied.add(entry)
@@ -240,28 +243,37 @@ class Sink:
 
     # -- data -------------------------------------------------------------------------------
 
-    def entry_of(self, obj: Any) -> Effects:
-        """A MessageEntry (§8.1) as a ReplicationEntry, fetching out-of-line data (§9.1)."""
+    def read_entry(self, obj: Any) -> tuple[ReplicationEntry, int | None]:
+        """A MessageEntry (§8.1) as a ReplicationEntry with its inline data checked, and the
+        size of the out-of-line data still to fetch (§9.1; None: there is none)."""
         if not isinstance(obj, dict) or not isinstance(obj.get("message"), dict):
             raise PeerError(400, "BodyInvalid", "MessageEntry needs a message map")
         message: dict[str, Any] = obj["message"]
-        entry = ReplicationEntry(message)
         size = obj.get("dataSize")
-        data = obj.get("data")
         if size is None:
-            return entry
+            return ReplicationEntry(message), None
         if type(size) is not int or size < 0:
             raise PeerError(400, "BodyInvalid", "dataSize must be an unsigned integer")
+        data = obj.get("data")
         if data is None:
             if size <= INLINE_DATA_MAX:
                 raise PeerError(424, "AttachmentInvalid", "small data must travel inline")
             if size > self.max_data:
                 raise PeerError(413, "BodyTooLarge", f"data of {size} bytes is above this peer's limit")
-            data = yield from self._attachment(entry.cid, message, size)
-            self.stats.attachments_fetched += 1
+            return ReplicationEntry(message), size
         if not isinstance(data, bytes):
             raise PeerError(400, "BodyInvalid", "data must be a byte string")
         check_data(message, size, data)
+        return ReplicationEntry(message, data), None
+
+    def entry_of(self, obj: Any) -> Effects:
+        """A MessageEntry (§8.1) as a ReplicationEntry, fetching out-of-line data (§9.1)."""
+        entry, size = self.read_entry(obj)
+        if size is None:
+            return entry
+        data = yield from self._attachment(entry.cid, entry.message, size)
+        self.stats.attachments_fetched += 1
+        check_data(entry.message, size, data)
         return entry.with_data(data)
 
     def _attachment(self, cid: str, message: dict[str, Any], size: int) -> Effects:
@@ -308,10 +320,12 @@ class Sink:
                 self.stats.dependencies_fetched += len(entries)
         return out
 
-    def admit(self, entry: ReplicationEntry) -> Effects:
+    def admit(self, entry: ReplicationEntry, first: Any = None) -> Effects:
         """Run ``entry``'s closure: apply it and what it needs, fetching from the source.
         Returns ``(result of the root, closure outcome, ticket of the last write)``; the result
-        is ``Deferred`` when the closure did not settle."""
+        is ``Deferred`` when the closure did not settle. ``first``: the answer to the root's
+        first apply when it was made already (an :class:`ApplyBatch`'s): ``(result, ticket)``
+        or the exception it raised."""
         admitter = ClosureAdmitter(self.tenant, entry)
         origin = self.host.remote_store_id
         root: ReplicationApplyResult | None = None
@@ -319,17 +333,22 @@ class Sink:
         request = admitter.request
         while not isinstance(request, ClosureOutcome):
             if isinstance(request, ApplyRequest):
-                try:
-                    result, ticket = yield Apply(self.tenant, request.entry, origin, self.payer)
-                except QuotaExceeded as exc:
+                answer, first = first, None
+                if answer is None:
+                    try:
+                        answer = yield Apply(self.tenant, request.entry, origin, self.payer)
+                    except Exception as exc:
+                        answer = exc
+                if isinstance(answer, QuotaExceeded):
                     # Nothing of it was written. Nothing more is taken: the `rev`s after it
                     # fail at their turn and stay unrecorded, so no checkpoint passes it.
-                    self.quota_refused(exc, 1)
-                    self.fail(exc)
-                    raise
-                except Exception as exc:  # the store failed: not the message's fault
-                    request = admitter.apply_failed(f"{type(exc).__name__}: {exc}")
+                    self.quota_refused(answer, 1)
+                    self.fail(answer)
+                    raise answer
+                if isinstance(answer, Exception):  # the store failed: not the message's fault
+                    request = admitter.apply_failed(f"{type(answer).__name__}: {answer}")
                     continue
+                result, ticket = answer
                 if request.entry.cid == entry.cid:
                     root = result
                 request = admitter.receive_apply(result)
@@ -602,43 +621,184 @@ class Sink:
         """Apply the messages of one `revs` (§8.4), each in its listed turn as a `rev` would be;
         returns the reply's ``results`` (one per message, in order) once every apply they hold
         is durably committed. A message refused on its own (a bad entry, one not asked for, a
-        data mismatch) gets its own error there; the others go on."""
+        data mismatch) gets its own error there; the others go on.
+
+        The members whose turns come one after the other are applied by one
+        :class:`ApplyBatch` (issue #17: one store request, not one per message); a message
+        found ``Incomplete`` ends that run, goes through the closure loop, and the next run
+        applies what follows it — the order a `rev` per message would have."""
         raw = decode_map(body).get("revs")
         if not isinstance(raw, list) or not 0 < len(raw) <= MAX_REVS_ITEMS:
             refuse(400, "BodyInvalid", f"revs must be an array of 1 to {MAX_REVS_ITEMS} entries")
         self.stats.bytes_received += len(body)
-        results: list[Any] = []
+        members = self._revs_members(raw)
+        del raw
+        results: list[Any] = [None] * len(members)
         commits: list[tuple[Any, list[int]]] = []  # each commit, and the results it holds
-        applied: list[tuple[str, int, bool]] = []  # each applied message's CID, result, whether held
-        for obj in raw:
-            try:
-                result, ticket = yield from self._apply_listed(obj)
-            except PeerError as exc:
-                results.append(error_result(exc))
-                continue
-            applied.append((str(obj["messageCid"]), len(results), result.kind in HELD_KINDS))
-            if ticket is not None:
-                if commits and commits[-1][0] is ticket:
-                    commits[-1][1].append(len(results))
-                else:
-                    commits.append((ticket, [len(results)]))
-            results.append(result.to_json())
-        del raw, obj  # the data is in the open transaction: let go of it before waiting
+        held: list[tuple[str, int]] = []  # each message held once its commit is: CID, result
+        try:
+            i = 0
+            while i < len(members):
+                i = yield from self._revs_run(members, i, results, commits, held)
+        except BaseException:
+            self._release(tuple(cid for cid, _ in held), held=False)
+            raise
+        members.clear()  # the data is in the open transaction: let go of it before waiting
         lost: set[int] = set()  # results whose commit failed
         try:
-            for ticket, held in commits:
+            for ticket, indices in commits:
                 try:
                     yield from durable(ticket)
                 except PeerError as exc:
-                    for i in held:
+                    for i in indices:
                         results[i] = error_result(exc)
                         lost.add(i)
         except BaseException:
-            self._release(tuple(cid for cid, _, _ in applied), held=False)
+            self._release(tuple(cid for cid, _ in held), held=False)
             raise
-        for cid, i, kept in applied:
-            self._release((cid,), held=kept and i not in lost)
+        if lost:
+            self._release(tuple(cid for cid, i in held if i in lost), held=False)
+        self._release(tuple(cid for cid, i in held if i not in lost), held=True)
         return results
+
+    def _revs_members(self, raw: list[Any]) -> list[_RevsMember]:
+        """Read every member of a `revs`: its wanted item and its entry, or its refusal."""
+        members: list[_RevsMember] = []
+        taken: set[int] = set()  # a second member naming an item finds it answered already
+        for obj in raw:
+            try:
+                if not isinstance(obj, dict) or not isinstance(obj.get("position"), str):
+                    refuse(400, "BodyInvalid", "a revs member is a MessageEntry with position and messageCid")
+                cid = obj.get("messageCid")
+                item = self._wanted({"position": obj["position"], "messageCid": cid if isinstance(cid, str) else ""})
+                if id(item) in taken:
+                    refuse(409, "RevUnsolicited", f"no wanted item at {item.token.position}")
+            except PeerError as exc:
+                members.append(_RevsMember(None, error=exc))
+                continue
+            taken.add(id(item))
+            member = _RevsMember(item)
+            try:
+                entry, size = self.read_entry(obj)
+            except PeerError as exc:
+                member.error, member.counted = exc, True
+            else:
+                if size is not None:
+                    member.fetch = obj  # out-of-line data: read at its turn, as a `rev`'s
+                elif entry.cid != cid:
+                    member.error = PeerError(400, "RevMismatch", "the message's CID is not messageCid")
+                else:
+                    member.entry = entry
+            members.append(member)
+        return members
+
+    def _revs_run(self, members: list[_RevsMember], i: int, results: list[Any],
+                  commits: list[tuple[Any, list[int]]], held: list[tuple[str, int]]) -> Effects:
+        """Answer members ``i``… of a `revs` whose turns come one after the other (see
+        :meth:`on_revs`); returns the index of the first member not answered yet."""
+        first = members[i]
+        if first.item is None:
+            assert first.error is not None
+            results[i] = error_result(first.error)
+            return i + 1
+        try:
+            yield from self._turn(first.item)
+        except PeerError as exc:
+            results[i] = error_result(exc)
+            return i + 1
+        if first.fetch is not None:
+            obj, first.fetch = first.fetch, None
+            try:
+                entry = yield from self.entry_of(obj)
+            except PeerError as exc:
+                first.error, first.counted = exc, True
+            else:
+                if entry.cid != obj.get("messageCid"):
+                    first.error = PeerError(400, "RevMismatch", "the message's CID is not messageCid")
+                else:
+                    first.entry = entry
+        # The run: this member, and those after it whose turns follow one another now.
+        items = [first.item]
+        end = i + 1
+        while end < len(members) and members[end].fetch is None:
+            item = members[end].item
+            if item is not None:
+                items.append(item)
+            end += 1
+        turns = self.window.in_turn(items)
+        if turns < len(items):
+            stop = items[turns]
+            end = next(j for j in range(i, end) if members[j].item is stop)
+        run = members[i:end]
+        entries = tuple(m.entry for m in run if m.entry is not None)
+        done: list[tuple[ReplicationApplyResult, Any]] = []
+        error: Exception | None = None
+        if entries:
+            try:
+                done, error = yield ApplyBatch(self.tenant, entries, self.host.remote_store_id, self.payer)
+            except Exception as exc:  # the store failed: each message's closure says so
+                error = exc
+        answers: list[Any] = [*done, error] if error is not None else done
+        unheld: list[str] = []
+        k = 0
+        j = i
+        try:
+            for j, member in enumerate(run, i):
+                item = member.item
+                if item is None:
+                    assert member.error is not None
+                    results[j] = error_result(member.error)
+                    continue
+                if k == len(answers) and (member.entry is not None or j != i and self.failed is not None):
+                    # The batch stopped before it (the next run applies it), or a closure
+                    # before it failed the sink (the next run refuses it, as a `rev`'s turn).
+                    return j
+                self.stats.revs_received += 1
+                cid = item.token.message_cid
+                if member.entry is None:
+                    assert member.error is not None
+                    if member.counted:
+                        self._count(member.error.name)
+                    results[j] = error_result(member.error)
+                    unheld.append(cid)
+                    if not item.done:
+                        self.window.finish(item, settled=False)
+                    continue
+                answer = answers[k]
+                k += 1
+                try:
+                    if isinstance(answer, Exception) or answer[0].kind == "Incomplete":
+                        result, _, ticket = yield from self.admit(member.entry, first=answer)
+                    else:
+                        result, ticket = answer
+                except PeerError as exc:  # a quota refused it: the sink takes nothing more
+                    results[j] = error_result(exc)
+                    unheld.append(cid)
+                    if not item.done:
+                        self.window.finish(item, settled=False)
+                    return j + 1
+                settled = self._take_result(cid, result)
+                if not item.done:
+                    self.window.finish(item, settled=settled)
+                if result.kind in HELD_KINDS:
+                    held.append((cid, j))
+                else:
+                    unheld.append(cid)
+                if ticket is not None:
+                    if commits and commits[-1][0] is ticket:
+                        commits[-1][1].append(j)
+                    else:
+                        commits.append((ticket, [j]))
+                results[j] = result.to_json()
+                member.entry = None  # in the open transaction now
+                if k == len(answers) and len(answers) < len(entries):
+                    return j + 1  # its closure ran: the next run applies what follows it
+            return end
+        finally:
+            if unheld:
+                self._release(tuple(unheld), held=False)
+            self._settle_later()
+            self._notify()
 
     def _admit_listed(self, cid: Any, entry: Any) -> Effects:
         """Admit the message of a `rev` or a `revs` member: ``entry`` is its ReplicationEntry, a
@@ -657,29 +817,6 @@ class Sink:
         result, _, ticket = yield from self.admit(entry)
         return result, ticket
 
-    def _apply_listed(self, obj: Any) -> Effects:
-        """One `revs` member: a MessageEntry with its item's ``position`` and ``messageCid``.
-        Returns ``(result, ticket of its commit)`` as :meth:`on_rev` would reply it."""
-        if not isinstance(obj, dict) or not isinstance(obj.get("position"), str):
-            refuse(400, "BodyInvalid", "a revs member is a MessageEntry with position and messageCid")
-        cid = obj.get("messageCid")
-        item = self._wanted({"position": obj["position"], "messageCid": cid if isinstance(cid, str) else ""})
-        yield from self._turn(item)
-        settled = False
-        try:
-            self.stats.revs_received += 1
-            result, ticket = yield from self._admit_listed(cid, self.entry_of(obj))
-            settled = self._take_result(item.token.message_cid, result)  # the CID checked
-        except BaseException:
-            self._release((item.token.message_cid,), held=False)
-            raise
-        finally:
-            if not item.done:
-                self.window.finish(item, settled=settled)
-            self._settle_later()
-            self._notify()
-        return result, ticket
-
     def on_norev(self, properties: dict[str, str]) -> Effects:
         item = self._wanted(properties)
         yield from self._turn(item)
@@ -688,6 +825,22 @@ class Sink:
         self.window.finish(item, settled=properties.get("error") == "404")
         self._settle_later()
         self._notify()
+
+
+class _RevsMember:
+    """One member of a `revs`: its wanted item (None: it names none) and its entry, or the
+    refusal it is answered with, or the MessageEntry to read at its turn (``fetch``: its data
+    travels out of line)."""
+
+    __slots__ = ("counted", "entry", "error", "fetch", "item")
+
+    def __init__(self, item: WindowItem | None, *, error: PeerError | None = None) -> None:
+        self.item = item
+        self.entry: ReplicationEntry | None = None
+        self.error = error
+        #: the refusal is counted under its name in the stats (an entry that did not read)
+        self.counted = False
+        self.fetch: Any = None
 
 
 def unsettled_transition(key: Any, direction: Any, kind: str) -> Transition:

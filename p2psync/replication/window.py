@@ -101,6 +101,21 @@ class ProgressWindow:
                 return item
         return None
 
+    def in_turn(self, items: list[WindowItem]) -> int:
+        """How many of ``items`` (in order) take their turns one right after the other from now:
+        the first is the item whose turn it is, and each next one is the first open item not
+        waiting for another link after the one before (a `revs`' consecutive wanted items)."""
+        n = 0
+        for item in self._items:
+            if n == len(items):
+                break
+            if item.done or item.elsewhere:
+                continue
+            if item is not items[n]:
+                break
+            n += 1
+        return n
+
     def open_items(self) -> list[WindowItem]:
         return [item for item in self._items if not item.done]
 

@@ -28,6 +28,7 @@ from typing import Any, Final
 from p2psync.replication.checkpoint import Direction, DirectionCheckpoint, LinkState, checkpoint_id
 from p2psync.replication.effects import (
     Apply,
+    ApplyBatch,
     AwaitClaim,
     ClaimMessages,
     CloseConnection,
@@ -524,18 +525,21 @@ class Simulation:
                 end.proto.store_failed(call.ref, exc)
             else:
                 if isinstance(request, Apply):
-                    self._note_apply(peer, request, value[0])
+                    self._note_apply(peer, request.entry, value[0])
+                elif isinstance(request, ApplyBatch):
+                    for entry, (result, _) in zip(request.entries, value[0], strict=False):
+                        self._note_apply(peer, entry, result)
                 end.proto.store_done(call.ref, value)
         self._resolve(peer)
 
-    def _note_apply(self, peer: SimPeer, request: Apply, result: Any) -> None:
+    def _note_apply(self, peer: SimPeer, entry: Any, result: Any) -> None:
         """Keep each message's latest apply result per peer (the findings quote it)."""
         text = result.kind
         wire = result.to_json()
         detail = wire.get("reason") or wire.get("code") or wire.get("missing")
         if detail:
             text += f" {json.dumps(detail, sort_keys=True, default=str)[:120]}"
-        self.applies[(peer.index, request.entry.cid)] = text
+        self.applies[(peer.index, entry.cid)] = text
         self.counts[f"apply_{result.kind}"] += 1
 
     def _resolve(self, peer: SimPeer) -> None:

@@ -89,6 +89,7 @@ class StoreService:
             fx.HeldMessages: self._held,
             fx.QuotaFit: self._quota_fit,
             fx.Apply: self._apply,
+            fx.ApplyBatch: self._apply_batch,
             fx.RecordSteps: self._record_steps,
             fx.FlushCommits: self._flush,
             fx.OpenLink: lambda r: self.ledger.open_link(r.tenant, r.remote, r.scope).key,
@@ -290,7 +291,26 @@ class StoreService:
         return self.quotas.fit(request.tenant, request.payer, request.sizes)
 
     def _apply(self, request: fx.Apply) -> tuple[ReplicationApplyResult, Any]:
-        entry, tenant, origin, payer = request.entry, request.tenant, request.origin, request.payer
+        return self._apply_entry(request.tenant, request.entry, request.origin, request.payer)
+
+    def _apply_batch(self, request: fx.ApplyBatch) -> tuple[list[tuple[ReplicationApplyResult, Any]],
+                                                            Exception | None]:
+        # One write per entry (the group commit counts, and may commit between, its writes as
+        # it would for single applies); stops where the sink has work to do before the next.
+        done: list[tuple[ReplicationApplyResult, Any]] = []
+        tenant, origin, payer = request.tenant, request.origin, request.payer
+        for entry in request.entries:
+            try:
+                answer = self._apply_entry(tenant, entry, origin, payer)
+            except Exception as exc:
+                return done, exc
+            done.append(answer)
+            if answer[0].kind == "Incomplete":
+                break
+        return done, None
+
+    def _apply_entry(self, tenant: str, entry: Any, origin: str | None,
+                     payer: str | None) -> tuple[ReplicationApplyResult, Any]:
         quotas = self.quotas if self.quotas is not None and self.quotas.watching(tenant, payer) else None
         if quotas is not None:
             # Before the group commit opens: a refused message writes nothing, not even a batch.
