@@ -253,6 +253,16 @@ def _stored_cid(message: Message, cid: str) -> str:
     return cid
 
 
+def _authored_initial(message: Message) -> bool:
+    """Whether a local write is its record's initial write. A message too malformed to tell
+    (no signature, say: its processing refuses it) is not: it takes the session path, as
+    every local write did before."""
+    try:
+        return is_initial_write(message)
+    except Exception:  # whatever the malformation, the processing gives the reply
+        return False
+
+
 @dataclass(slots=True)
 class _Row:
     id: int
@@ -319,9 +329,13 @@ class History:
                 if reply.code in (202, 204):
                     self.place(tenant, message, data, cid, lambda _: Verdict.ADMIT)
                 return reply
-            reply, undo = self._recorded(tenant, message, data, withheld=False)
+            # An initial write that sorts last takes the replicated path's cheap undo (checked,
+            # with the session as its fallback), not a session of its own (issue #17).
+            initial = _authored_initial(message)
+            reply, undo = (self._appended(tenant, message, data, cid) if initial
+                           else self._recorded(tenant, message, data, withheld=False))
             if reply.code in (202, 204):
-                self._insert(tenant, message, data, cid, key, accepted=True, undo=undo)
+                self._insert(tenant, message, data, cid, key, accepted=True, undo=undo, initial=initial)
         return reply
 
     def place(self, tenant: str, message: Message, data: bytes | None, cid: str, judge: Judge) -> Placement:

@@ -347,3 +347,24 @@ def test_an_initial_write_appended_in_order_is_undone_by_its_compact_undo(tmp_pa
     with pytest.raises(apsw.AbortError):
         fresh.history.rebuild(w.tenant)
     assert snapshot(fresh.store, w.tenant) == tampered
+
+
+def test_an_initial_write_authored_last_keeps_the_compact_undo(tmp_path: Path) -> None:
+    """A local write that sorts last takes the same checked compact undo as a replicated one
+    (issue #17): the authored history undoes and replays to the very state, which is the
+    state a replica that pulled the same messages in order holds."""
+    from p2psync.dwn.canonical import _INSERTED_ROW
+
+    w = chat_world()
+    authored, pulled = Dwn(Store(tmp_path / "authored.db")), Dwn(Store(tmp_path / "pulled.db"))
+    assert {authored.process_message(w.tenant, s.message, s.data).code for s in w.ordered()} <= {202, 204}
+    _apply(pulled, w, *w.ordered())
+    tid = authored.store._tid(w.tenant)
+    undo = {str(cid): bytes(u) for cid, u in authored.store.conn.execute(
+        "SELECT cid, undo FROM archive WHERE tenant=?", (tid,))}
+    compact = {name for name, step in w.steps.items() if undo[step.cid].startswith(_INSERTED_ROW)}
+    assert compact == {"thread", "participant", "chat", "reaction", "note"}
+    _same(authored, pulled, w.tenant)
+    assert authored.history.rebuild(w.tenant) == len(w.steps)
+    _same(authored, pulled, w.tenant)
+    assert authored.history.verify(w.tenant) == {"missing": [], "extra": [], "changed": [], "data": []}
