@@ -1,3 +1,53 @@
-from p2psync.cli import main
+"""``python -m p2psync``: the ``p2psync`` command.
 
-raise SystemExit(main())
+``dwn pipe --store FILE`` alone starts without the rest of the CLI: a differential runner
+starts one pipe per scenario, and importing every command (node, trio, the Spark jobs' glue)
+cost ~0.4 s of CPU before the first line was read (issue #17). Any other form of it (help, a
+usage error, ``--home`` in front) goes through :func:`p2psync.cli.main` as before.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+
+def _pipe_store(argv: Sequence[str]) -> str | None:
+    """The store of a plain ``dwn pipe --store FILE`` (what argparse would read), else None."""
+    if list(argv[:2]) != ["dwn", "pipe"]:
+        return None
+    rest = list(argv[2:])
+    if len(rest) == 2 and rest[0] == "--store" and not rest[1].startswith("-"):
+        return rest[1]
+    if len(rest) == 1 and rest[0].startswith("--store="):
+        return rest[0].removeprefix("--store=")
+    return None
+
+
+def _run_pipe(store: str) -> int:
+    """``p2psync dwn pipe`` with :func:`p2psync.cli.main`'s exit codes and one-line errors."""
+    import apsw
+
+    from p2psync.dwn.pipe import run_pipe
+
+    try:
+        return run_pipe(store)
+    except apsw.BusyError:
+        from p2psync.cli import common
+
+        print(f"p2psync: the store is busy: another process held its write lock for {common.CLI_BUSY_TIMEOUT:g} s; "
+              "try again", file=sys.stderr)
+        return common.EXIT_FAILED
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 1  # EXIT_FAILED
+
+
+if __name__ == "__main__":
+    store = _pipe_store(sys.argv[1:])
+    if store is not None:
+        raise SystemExit(_run_pipe(store))
+    from p2psync.cli import main
+
+    raise SystemExit(main())

@@ -77,6 +77,33 @@ def test_pipe_as_a_process(tmp_path: Path) -> None:
     assert reply["status"]["code"] == 400 and reply["cid"] is None
 
 
+def test_the_pipe_process_starts_without_the_rest_of_the_cli(tmp_path: Path) -> None:
+    """``python -m p2psync dwn pipe --store FILE`` imports the engine, not every command
+    (issue #17); its replies are the CLI's."""
+    for argv in (["--store", str(tmp_path / "p.db")], [f"--store={tmp_path / 'q.db'}"]):
+        proc = subprocess.run(
+            [sys.executable, "-X", "importtime", "-m", "p2psync", "dwn", "pipe", *argv],
+            input="garbage\n", capture_output=True, text=True, timeout=60,
+        )
+        assert proc.returncode == 0
+        assert json.loads(proc.stdout)["status"]["code"] == 400
+        imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines()}
+        assert "p2psync.dwn.pipe" in imported
+        assert not {m for m in imported if m == "p2psync.cli" or m.startswith("p2psync.cli.")}
+
+
+def test_only_a_plain_pipe_command_skips_the_cli() -> None:
+    from p2psync.__main__ import _pipe_store
+
+    assert _pipe_store(["dwn", "pipe", "--store", "s.db"]) == "s.db"
+    assert _pipe_store(["dwn", "pipe", "--store=s.db"]) == "s.db"
+    # help, usage errors and anything else go through the whole CLI's parser
+    for argv in (["dwn", "pipe"], ["dwn", "pipe", "--store"], ["dwn", "pipe", "--help"],
+                 ["dwn", "pipe", "--store", "-h"], ["dwn", "pipe", "--store", "s.db", "x"],
+                 ["--home", "h", "dwn", "pipe", "--store", "s.db"], ["dwn", "--store", "s.db"]):
+        assert _pipe_store(argv) is None
+
+
 def _write_lines(alice: Identity, n: int) -> list[str]:
     lines = []
     for i in range(n):
