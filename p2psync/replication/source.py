@@ -51,7 +51,8 @@ from p2psync.replication.wire import (
     encode_body,
 )
 
-__all__ = ["MAX_UNANSWERED_REV_BYTES", "Source", "SourceHost", "message_entry"]
+__all__ = ["MAX_UNANSWERED_REV_BYTES", "Source", "SourceHost", "encode_message_entry", "encode_revs_body",
+           "message_entry"]
 
 log = logging.getLogger("p2psync.peer")
 
@@ -322,44 +323,48 @@ class Source:
         consecutive items whose data travels inline (§8.4) — taking each one's budget here, in
         item order: were the revs to compete for freed budget, a later `rev` could take the
         slot the sink's next-in-line one needs, and with the budget full of later ones nothing
-        would move."""
+        would move.
+
+        Each message is encoded once, and a `revs` body is put together from its members'
+        bytes (:func:`encode_message_entry`): encoding the whole body as one value went down
+        the general encoder (the data is a byte string) and cost more than the rest of sending."""
         batching = self.host.batch_revs
         # A `revs` counts as many unanswered `rev`s as it carries messages (§12).
         most = min(MAX_REVS_ITEMS, self._budget.max_count)
-        run: list[tuple[ProgressToken, ReplicationEntry, dict[str, Any]]] = []
-        run_bytes = 0
+        run: list[tuple[ProgressToken, ReplicationEntry, bytes]] = []
+        run_bytes = _REVS_ENVELOPE_MAX
         for token, entry, size, readable in wanted:
             body = None
             if entry is not None and readable:
-                obj = message_entry(entry, size=size)
-                if batching and ("dataSize" not in obj or "data" in obj):
+                data = entry.data
+                inline = data is not None and len(data) <= INLINE_DATA_MAX
+                message = encode_body(entry.message)
+                if batching and (inline or (data is None and size is None)):
                     # Goes in a `revs`: the entry with its token's position and CID.
-                    obj["position"], obj["messageCid"] = str(token.position), token.message_cid
-                    item_bytes = _approx_size(entry)
-                    if run and (len(run) >= most or run_bytes + item_bytes > MAX_REVS_BODY):
+                    member = _message_entry_cbor(message, data, size, token)
+                    if run and (len(run) >= most or run_bytes + len(member) > MAX_REVS_BODY):
                         yield from self._start_batch(run)
-                        run, run_bytes = [], 0
-                    run.append((token, entry, obj))
-                    run_bytes += item_bytes
+                        run, run_bytes = [], _REVS_ENVELOPE_MAX
+                    run.append((token, entry, member))
+                    run_bytes += len(member)
                     continue
-                body = encode_body(obj)
+                body = _message_entry_cbor(message, data, size)
             if run:
                 yield from self._start_batch(run)
-                run, run_bytes = [], 0
+                run, run_bytes = [], _REVS_ENVELOPE_MAX
             yield from self._budget.take(len(body) if body is not None else 0)
             self.host.spawn(self._send_rev(token, entry, size, body), "rev")
         if run:
             yield from self._start_batch(run)
 
-    def _start_batch(self, run: list[tuple[ProgressToken, ReplicationEntry, dict[str, Any]]]) -> Effects:
+    def _start_batch(self, run: list[tuple[ProgressToken, ReplicationEntry, bytes]]) -> Effects:
         if len(run) == 1:  # one message: a plain `rev` says the same in fewer bytes
-            token, entry, obj = run[0]
-            del obj["position"], obj["messageCid"]
-            body = encode_body(obj)
+            token, entry, _ = run[0]
+            body = encode_message_entry(entry)
             yield from self._budget.take(len(body))
             self.host.spawn(self._send_rev(token, entry, None, body), "rev")
             return
-        body = encode_body({"revs": [obj for _, _, obj in run]})
+        body = encode_revs_body([member for _, _, member in run])
         yield from self._budget.take(len(body), len(run))
         self.host.spawn(self._send_batch([token for token, _, _ in run], body), "revs")
 
@@ -481,10 +486,64 @@ class Source:
             self._on_progress()
 
 
-def _approx_size(entry: ReplicationEntry) -> int:
-    """A `revs` item's bytes, roughly (for packing under ``MAX_REVS_BODY``): its data plus a
-    generous allowance for the message (DWN messages are rarely above 2 KiB)."""
-    return (len(entry.data) if entry.data is not None else 0) + 4096
+# -- DAG-CBOR of a MessageEntry, from its members' bytes ------------------------------------------
+# Map keys sort shorter first, then bytewise (DAG-CBOR): data, message, dataSize, position,
+# messageCid. Each key below is its own encoding (text head + UTF-8).
+_DATA_KEY: Final = b"\x64data"
+_MESSAGE_KEY: Final = b"\x67message"
+_DATA_SIZE_KEY: Final = b"\x68dataSize"
+_POSITION_KEY: Final = b"\x68position"
+_MESSAGE_CID_KEY: Final = b"\x6amessageCid"
+#: ``{"revs": [`` up to the array's head: a map of one member, the key, then the array head.
+_REVS_KEY: Final = b"\xa1\x64revs"
+#: The bytes of a `revs` body besides its members, at most: the map head and key, and the
+#: array head of up to 64 members (2 bytes).
+_REVS_ENVELOPE_MAX: Final = len(_REVS_KEY) + 2
+
+
+def _cbor_head(major: int, n: int) -> bytes:
+    """A CBOR item's initial bytes: major type and argument in the shortest form (RFC 8949 §3)."""
+    if n < 24:
+        return bytes((major << 5 | n,))
+    for info, width in ((24, 1), (25, 2), (26, 4), (27, 8)):
+        if n < 1 << (8 * width):
+            return bytes((major << 5 | info,)) + n.to_bytes(width, "big")
+    raise ValueError(f"{n} does not fit a CBOR head")
+
+
+def _message_entry_cbor(
+    message: bytes, data: bytes | None, size: int | None, token: ProgressToken | None = None
+) -> bytes:
+    """:func:`encode_message_entry` from the message's own encoding (see there)."""
+    parts = [b"", _MESSAGE_KEY, message]
+    members = 1
+    if data is not None:
+        if len(data) <= INLINE_DATA_MAX:
+            parts[1:1] = [_DATA_KEY, _cbor_head(2, len(data)), data]
+            members += 1
+        size = len(data)
+    if size is not None:
+        parts += [_DATA_SIZE_KEY, encode_body(size)]
+        members += 1
+    if token is not None:
+        parts += [_POSITION_KEY, encode_body(str(token.position)), _MESSAGE_CID_KEY, encode_body(token.message_cid)]
+        members += 2
+    parts[0] = _cbor_head(5, members)
+    return b"".join(parts)
+
+
+def encode_message_entry(
+    entry: ReplicationEntry, *, size: int | None = None, token: ProgressToken | None = None
+) -> bytes:
+    """``encode_body(message_entry(entry, size=size))``, byte for byte, with the token's
+    ``position`` and ``messageCid`` added when given (a `revs` member, §8.4); the message is
+    encoded alone, so the data never goes through the general encoder."""
+    return _message_entry_cbor(encode_body(entry.message), entry.data, size, token)
+
+
+def encode_revs_body(members: list[bytes]) -> bytes:
+    """``encode_body({"revs": [...]})`` of members already encoded (:func:`encode_message_entry`)."""
+    return b"".join([_REVS_KEY, _cbor_head(4, len(members)), *members])
 
 
 def _batch_outcome(obj: Any) -> str | PeerError:

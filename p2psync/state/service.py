@@ -233,8 +233,13 @@ class StoreService:
         in_scope = None if scope.kind == "global" else self._in_scope
         listed_entry = self.fetcher.listed_entry
         page: list[fx.PageRow] = []
+        domain: ProgressToken | None = None
         for position, cid in rows:
-            token = ProgressToken(stream_id, epoch, position, cid)
+            # The first token checks the domain; the others share it (ProgressToken.of_own_log).
+            if domain is None:
+                token = domain = ProgressToken(stream_id, epoch, position, cid)
+            else:
+                token = ProgressToken.of_own_log(domain, position, cid)
             if cid in echoes:
                 page.append(fx.PageRow(token, "echo"))
                 continue
