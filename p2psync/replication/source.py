@@ -36,6 +36,7 @@ from p2psync.replication.effects import (
     Response,
     Signal,
     StillValid,
+    Transition,
     WaitForLog,
 )
 from p2psync.replication.scope import SyncScope
@@ -384,9 +385,12 @@ class Source:
             except PeerError as exc:
                 log.info("revs of collection %d: %s", self.index, exc)
                 outcomes = [exc] * len(tokens)
+            answered = len(outcomes)
             for i, token in enumerate(tokens):
-                outcome = _batch_outcome(outcomes[i] if i < len(outcomes) else None)
-                settled = yield from self._count_outcome(outcome, token, outcomes[i] if i < len(outcomes) else None)
+                result = outcomes[i] if i < answered else None
+                settled, step = self._tally(_batch_outcome(result), token, result)
+                if step is not None:
+                    yield step
                 self._finish(token, settled)
                 done += 1
         finally:
@@ -395,14 +399,17 @@ class Source:
             self._budget.give(len(body), len(tokens))
             self._progress()
 
-    def _count_outcome(self, outcome: str | PeerError, token: ProgressToken, result: Any = None) -> Effects:
+    def _tally(self, outcome: str | PeerError, token: ProgressToken, result: Any = None
+               ) -> tuple[bool, Transition | None]:
         """Count one message's outcome (a result kind or a refusal; ``result``: the peer's
-        ReplicationApplyResult, named if it did not apply); returns whether it settles."""
+        ReplicationApplyResult, named if it did not apply). Returns whether it settles, and the
+        link transition to yield when it does not settle a push (else None): a plain function,
+        not a generator, since it runs once per message and almost never has one."""
         if isinstance(outcome, PeerError):
             self.stats.results[outcome.name] = self.stats.results.get(outcome.name, 0) + 1
             if isinstance(outcome, QuotaExceeded) and self.failure is None:
                 self.failure = outcome  # the sink takes nothing more: end the direction with it
-            return False
+            return False, None
         kind = outcome
         self.stats.results[kind] = self.stats.results.get(kind, 0) + 1
         refused = NotApplied.of(token.message_cid, self.tenant, result, where="peer")
@@ -412,14 +419,15 @@ class Source:
             log.info("collection %d: %s did not apply at the peer: %s (%s): %s", self.index, token.message_cid,
                      refused.result, refused.code, refused.reason)
         settled = kind in SETTLING_KINDS
+        step: Transition | None = None
         if not settled and self.push_key is not None:
             self.unsettled += 1
-            yield unsettled_transition(self.push_key, self.direction, kind)
+            step = unsettled_transition(self.push_key, self.direction, kind)
         if kind == "Applied":
             self.stats.revs_applied += 1
         if settled:
             self.stats.revs_settled += 1
-        return settled
+        return settled, step
 
     def _finish(self, token: ProgressToken, settled: bool) -> None:
         if self.window is not None:
@@ -447,10 +455,12 @@ class Source:
             reply: Response = yield Call("rev", props, body, compress=len(body) > 1024)
             result = decode_body(reply.body)
             kind = result.get("kind") if isinstance(result, dict) else None
-            settled = yield from self._count_outcome(kind if isinstance(kind, str) else "Unknown", token, result)
+            settled, step = self._tally(kind if isinstance(kind, str) else "Unknown", token, result)
+            if step is not None:
+                yield step
         except PeerError as exc:
             log.info("rev %s of collection %d: %s", token.position, self.index, exc)
-            yield from self._count_outcome(exc, token)
+            self._tally(exc, token)
         finally:
             self._budget.give(len(body) if body is not None else 0)
             self._finish(token, settled)
@@ -501,14 +511,30 @@ _REVS_KEY: Final = b"\xa1\x64revs"
 _REVS_ENVELOPE_MAX: Final = len(_REVS_KEY) + 2
 
 
+#: Integers beyond this are JS doubles, which the deterministic encoder writes as floats.
+_JS_MAX_SAFE_INTEGER: Final = 2**53 - 1
+
+
 def _cbor_head(major: int, n: int) -> bytes:
     """A CBOR item's initial bytes: major type and argument in the shortest form (RFC 8949 §3)."""
-    if n < 24:
-        return bytes((major << 5 | n,))
-    for info, width in ((24, 1), (25, 2), (26, 4), (27, 8)):
+    if n < 256:
+        return _SMALL_HEADS[major][n]
+    for info, width in ((25, 2), (26, 4), (27, 8)):
         if n < 1 << (8 * width):
             return bytes((major << 5 | info,)) + n.to_bytes(width, "big")
     raise ValueError(f"{n} does not fit a CBOR head")
+
+
+#: Heads with an argument below 256, per major type: one byte below 24, two from 24.
+_SMALL_HEADS: Final = tuple(
+    tuple(bytes((major << 5 | n,)) if n < 24 else bytes((major << 5 | 24, n)) for n in range(256))
+    for major in range(8)
+)
+
+
+def _cbor_text(text: str) -> bytes:
+    raw = text.encode()
+    return _cbor_head(3, len(raw)) + raw
 
 
 def _message_entry_cbor(
@@ -519,16 +545,16 @@ def _message_entry_cbor(
     members = 1
     if data is not None:
         if len(data) <= INLINE_DATA_MAX:
-            parts[1:1] = [_DATA_KEY, _cbor_head(2, len(data)), data]
+            parts[1:1] = (_DATA_KEY, _cbor_head(2, len(data)), data)
             members += 1
         size = len(data)
     if size is not None:
-        parts += [_DATA_SIZE_KEY, encode_body(size)]
+        parts += (_DATA_SIZE_KEY, _cbor_head(0, size) if 0 <= size <= _JS_MAX_SAFE_INTEGER else encode_body(size))
         members += 1
     if token is not None:
-        parts += [_POSITION_KEY, encode_body(str(token.position)), _MESSAGE_CID_KEY, encode_body(token.message_cid)]
+        parts += (_POSITION_KEY, _cbor_text(str(token.position)), _MESSAGE_CID_KEY, _cbor_text(token.message_cid))
         members += 2
-    parts[0] = _cbor_head(5, members)
+    parts[0] = _SMALL_HEADS[5][members]
     return b"".join(parts)
 
 

@@ -26,7 +26,7 @@ _messages = st.dictionaries(st.text(max_size=12), _json, max_size=6)
 # Lengths on each side of CBOR's head widths, and of the inline limit.
 _data = st.none() | st.sampled_from([0, 1, 23, 24, 255, 256, 65535, 65536, INLINE_DATA_MAX, INLINE_DATA_MAX + 1]).map(
     lambda n: bytes(range(256)) * (n // 256) + bytes(n % 256))
-_sizes = st.none() | st.sampled_from([0, 23, 24, 2**16, 2**32, 2**53 - 1])
+_sizes = st.none() | st.sampled_from([0, 23, 24, 2**16, 2**32, 2**53 - 1, 2**53, 2**60, -1])
 
 
 def _token(position: int, message: Any) -> ProgressToken:
