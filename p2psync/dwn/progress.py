@@ -124,6 +124,23 @@ class ProgressToken:
         if not is_message_cid(self.message_cid):
             raise ProgressTokenInvalid("messageCid must be a message CID (CIDv1, dag-cbor, sha2-256, base32)")
 
+    @classmethod
+    def of_own_log(cls, domain: ProgressToken, position: int, message_cid: str) -> ProgressToken:
+        """The token of another entry of ``domain``'s log, read from this store's own event log.
+
+        Not checked again: ``domain``'s stream and epoch were checked when it was built, the
+        position is the log's integer key and the CID one the engine computed. A page of the
+        log builds a token per entry, and the checks cost more than half of building one (~0.9 of
+        1.5 µs).
+        """
+        token = object.__new__(cls)
+        setter = object.__setattr__
+        setter(token, "stream_id", domain.stream_id)
+        setter(token, "epoch", domain.epoch)
+        setter(token, "position", position)
+        setter(token, "message_cid", message_cid)
+        return token
+
     # -- domain and order ------------------------------------------------------------------
 
     @property

@@ -36,6 +36,7 @@ from p2psync.replication.effects import (
     Response,
     Signal,
     StillValid,
+    Transition,
     WaitForLog,
 )
 from p2psync.replication.scope import SyncScope
@@ -51,7 +52,8 @@ from p2psync.replication.wire import (
     encode_body,
 )
 
-__all__ = ["MAX_UNANSWERED_REV_BYTES", "Source", "SourceHost", "message_entry"]
+__all__ = ["MAX_UNANSWERED_REV_BYTES", "Source", "SourceHost", "encode_message_entry", "encode_revs_body",
+           "message_entry"]
 
 log = logging.getLogger("p2psync.peer")
 
@@ -322,44 +324,48 @@ class Source:
         consecutive items whose data travels inline (§8.4) — taking each one's budget here, in
         item order: were the revs to compete for freed budget, a later `rev` could take the
         slot the sink's next-in-line one needs, and with the budget full of later ones nothing
-        would move."""
+        would move.
+
+        Each message is encoded once, and a `revs` body is put together from its members'
+        bytes (:func:`encode_message_entry`): encoding the whole body as one value went down
+        the general encoder (the data is a byte string) and cost more than the rest of sending."""
         batching = self.host.batch_revs
         # A `revs` counts as many unanswered `rev`s as it carries messages (§12).
         most = min(MAX_REVS_ITEMS, self._budget.max_count)
-        run: list[tuple[ProgressToken, ReplicationEntry, dict[str, Any]]] = []
-        run_bytes = 0
+        run: list[tuple[ProgressToken, ReplicationEntry, bytes]] = []
+        run_bytes = _REVS_ENVELOPE_MAX
         for token, entry, size, readable in wanted:
             body = None
             if entry is not None and readable:
-                obj = message_entry(entry, size=size)
-                if batching and ("dataSize" not in obj or "data" in obj):
+                data = entry.data
+                inline = data is not None and len(data) <= INLINE_DATA_MAX
+                message = encode_body(entry.message)
+                if batching and (inline or (data is None and size is None)):
                     # Goes in a `revs`: the entry with its token's position and CID.
-                    obj["position"], obj["messageCid"] = str(token.position), token.message_cid
-                    item_bytes = _approx_size(entry)
-                    if run and (len(run) >= most or run_bytes + item_bytes > MAX_REVS_BODY):
+                    member = _message_entry_cbor(message, data, size, token)
+                    if run and (len(run) >= most or run_bytes + len(member) > MAX_REVS_BODY):
                         yield from self._start_batch(run)
-                        run, run_bytes = [], 0
-                    run.append((token, entry, obj))
-                    run_bytes += item_bytes
+                        run, run_bytes = [], _REVS_ENVELOPE_MAX
+                    run.append((token, entry, member))
+                    run_bytes += len(member)
                     continue
-                body = encode_body(obj)
+                body = _message_entry_cbor(message, data, size)
             if run:
                 yield from self._start_batch(run)
-                run, run_bytes = [], 0
+                run, run_bytes = [], _REVS_ENVELOPE_MAX
             yield from self._budget.take(len(body) if body is not None else 0)
             self.host.spawn(self._send_rev(token, entry, size, body), "rev")
         if run:
             yield from self._start_batch(run)
 
-    def _start_batch(self, run: list[tuple[ProgressToken, ReplicationEntry, dict[str, Any]]]) -> Effects:
+    def _start_batch(self, run: list[tuple[ProgressToken, ReplicationEntry, bytes]]) -> Effects:
         if len(run) == 1:  # one message: a plain `rev` says the same in fewer bytes
-            token, entry, obj = run[0]
-            del obj["position"], obj["messageCid"]
-            body = encode_body(obj)
+            token, entry, _ = run[0]
+            body = encode_message_entry(entry)
             yield from self._budget.take(len(body))
             self.host.spawn(self._send_rev(token, entry, None, body), "rev")
             return
-        body = encode_body({"revs": [obj for _, _, obj in run]})
+        body = encode_revs_body([member for _, _, member in run])
         yield from self._budget.take(len(body), len(run))
         self.host.spawn(self._send_batch([token for token, _, _ in run], body), "revs")
 
@@ -379,9 +385,12 @@ class Source:
             except PeerError as exc:
                 log.info("revs of collection %d: %s", self.index, exc)
                 outcomes = [exc] * len(tokens)
+            answered = len(outcomes)
             for i, token in enumerate(tokens):
-                outcome = _batch_outcome(outcomes[i] if i < len(outcomes) else None)
-                settled = yield from self._count_outcome(outcome, token, outcomes[i] if i < len(outcomes) else None)
+                result = outcomes[i] if i < answered else None
+                settled, step = self._tally(_batch_outcome(result), token, result)
+                if step is not None:
+                    yield step
                 self._finish(token, settled)
                 done += 1
         finally:
@@ -390,14 +399,17 @@ class Source:
             self._budget.give(len(body), len(tokens))
             self._progress()
 
-    def _count_outcome(self, outcome: str | PeerError, token: ProgressToken, result: Any = None) -> Effects:
+    def _tally(self, outcome: str | PeerError, token: ProgressToken, result: Any = None
+               ) -> tuple[bool, Transition | None]:
         """Count one message's outcome (a result kind or a refusal; ``result``: the peer's
-        ReplicationApplyResult, named if it did not apply); returns whether it settles."""
+        ReplicationApplyResult, named if it did not apply). Returns whether it settles, and the
+        link transition to yield when it does not settle a push (else None): a plain function,
+        not a generator, since it runs once per message and almost never has one."""
         if isinstance(outcome, PeerError):
             self.stats.results[outcome.name] = self.stats.results.get(outcome.name, 0) + 1
             if isinstance(outcome, QuotaExceeded) and self.failure is None:
                 self.failure = outcome  # the sink takes nothing more: end the direction with it
-            return False
+            return False, None
         kind = outcome
         self.stats.results[kind] = self.stats.results.get(kind, 0) + 1
         refused = NotApplied.of(token.message_cid, self.tenant, result, where="peer")
@@ -407,14 +419,15 @@ class Source:
             log.info("collection %d: %s did not apply at the peer: %s (%s): %s", self.index, token.message_cid,
                      refused.result, refused.code, refused.reason)
         settled = kind in SETTLING_KINDS
+        step: Transition | None = None
         if not settled and self.push_key is not None:
             self.unsettled += 1
-            yield unsettled_transition(self.push_key, self.direction, kind)
+            step = unsettled_transition(self.push_key, self.direction, kind)
         if kind == "Applied":
             self.stats.revs_applied += 1
         if settled:
             self.stats.revs_settled += 1
-        return settled
+        return settled, step
 
     def _finish(self, token: ProgressToken, settled: bool) -> None:
         if self.window is not None:
@@ -442,10 +455,12 @@ class Source:
             reply: Response = yield Call("rev", props, body, compress=len(body) > 1024)
             result = decode_body(reply.body)
             kind = result.get("kind") if isinstance(result, dict) else None
-            settled = yield from self._count_outcome(kind if isinstance(kind, str) else "Unknown", token, result)
+            settled, step = self._tally(kind if isinstance(kind, str) else "Unknown", token, result)
+            if step is not None:
+                yield step
         except PeerError as exc:
             log.info("rev %s of collection %d: %s", token.position, self.index, exc)
-            yield from self._count_outcome(exc, token)
+            self._tally(exc, token)
         finally:
             self._budget.give(len(body) if body is not None else 0)
             self._finish(token, settled)
@@ -481,10 +496,80 @@ class Source:
             self._on_progress()
 
 
-def _approx_size(entry: ReplicationEntry) -> int:
-    """A `revs` item's bytes, roughly (for packing under ``MAX_REVS_BODY``): its data plus a
-    generous allowance for the message (DWN messages are rarely above 2 KiB)."""
-    return (len(entry.data) if entry.data is not None else 0) + 4096
+# -- DAG-CBOR of a MessageEntry, from its members' bytes ------------------------------------------
+# Map keys sort shorter first, then bytewise (DAG-CBOR): data, message, dataSize, position,
+# messageCid. Each key below is its own encoding (text head + UTF-8).
+_DATA_KEY: Final = b"\x64data"
+_MESSAGE_KEY: Final = b"\x67message"
+_DATA_SIZE_KEY: Final = b"\x68dataSize"
+_POSITION_KEY: Final = b"\x68position"
+_MESSAGE_CID_KEY: Final = b"\x6amessageCid"
+#: ``{"revs": [`` up to the array's head: a map of one member, the key, then the array head.
+_REVS_KEY: Final = b"\xa1\x64revs"
+#: The bytes of a `revs` body besides its members, at most: the map head and key, and the
+#: array head of up to 64 members (2 bytes).
+_REVS_ENVELOPE_MAX: Final = len(_REVS_KEY) + 2
+
+
+#: Integers beyond this are JS doubles, which the deterministic encoder writes as floats.
+_JS_MAX_SAFE_INTEGER: Final = 2**53 - 1
+
+
+def _cbor_head(major: int, n: int) -> bytes:
+    """A CBOR item's initial bytes: major type and argument in the shortest form (RFC 8949 §3)."""
+    if n < 256:
+        return _SMALL_HEADS[major][n]
+    for info, width in ((25, 2), (26, 4), (27, 8)):
+        if n < 1 << (8 * width):
+            return bytes((major << 5 | info,)) + n.to_bytes(width, "big")
+    raise ValueError(f"{n} does not fit a CBOR head")
+
+
+#: Heads with an argument below 256, per major type: one byte below 24, two from 24.
+_SMALL_HEADS: Final = tuple(
+    tuple(bytes((major << 5 | n,)) if n < 24 else bytes((major << 5 | 24, n)) for n in range(256))
+    for major in range(8)
+)
+
+
+def _cbor_text(text: str) -> bytes:
+    raw = text.encode()
+    return _cbor_head(3, len(raw)) + raw
+
+
+def _message_entry_cbor(
+    message: bytes, data: bytes | None, size: int | None, token: ProgressToken | None = None
+) -> bytes:
+    """:func:`encode_message_entry` from the message's own encoding (see there)."""
+    parts = [b"", _MESSAGE_KEY, message]
+    members = 1
+    if data is not None:
+        if len(data) <= INLINE_DATA_MAX:
+            parts[1:1] = (_DATA_KEY, _cbor_head(2, len(data)), data)
+            members += 1
+        size = len(data)
+    if size is not None:
+        parts += (_DATA_SIZE_KEY, _cbor_head(0, size) if 0 <= size <= _JS_MAX_SAFE_INTEGER else encode_body(size))
+        members += 1
+    if token is not None:
+        parts += (_POSITION_KEY, _cbor_text(str(token.position)), _MESSAGE_CID_KEY, _cbor_text(token.message_cid))
+        members += 2
+    parts[0] = _SMALL_HEADS[5][members]
+    return b"".join(parts)
+
+
+def encode_message_entry(
+    entry: ReplicationEntry, *, size: int | None = None, token: ProgressToken | None = None
+) -> bytes:
+    """``encode_body(message_entry(entry, size=size))``, byte for byte, with the token's
+    ``position`` and ``messageCid`` added when given (a `revs` member, §8.4); the message is
+    encoded alone, so the data never goes through the general encoder."""
+    return _message_entry_cbor(encode_body(entry.message), entry.data, size, token)
+
+
+def encode_revs_body(members: list[bytes]) -> bytes:
+    """``encode_body({"revs": [...]})`` of members already encoded (:func:`encode_message_entry`)."""
+    return b"".join([_REVS_KEY, _cbor_head(4, len(members)), *members])
 
 
 def _batch_outcome(obj: Any) -> str | PeerError:

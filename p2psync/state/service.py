@@ -31,6 +31,7 @@ from p2psync.dwn.store import Store
 from p2psync.errors import CheckpointRevConflict, LocalMisuse, QuotaExceeded
 from p2psync.replication import effects as fx
 from p2psync.replication.checkpoint import CheckpointPendingOverflow
+from p2psync.replication.scope import SyncScope
 from p2psync.replication.wire import PeerError
 from p2psync.state.authz import ReadAuthorizer
 from p2psync.state.committer import GroupCommitter, StoreUnavailable
@@ -229,20 +230,37 @@ class StoreService:
                 tenant, [c for p, c in rows if p > request.replay_until], request.suppress_origin
             )
         may_read = self._may_read(tenant, request.decision)
+        scope = request.scope
+        in_scope = None if scope.kind == "global" else self._in_scope
+        listed_entry = self.fetcher.listed_entry
         page: list[fx.PageRow] = []
+        domain: ProgressToken | None = None
         for position, cid in rows:
-            token = ProgressToken(stream_id, epoch, position, cid)
+            # The first token checks the domain; the others share it (ProgressToken.of_own_log).
+            if domain is None:
+                token = domain = ProgressToken(stream_id, epoch, position, cid)
+            else:
+                token = ProgressToken.of_own_log(domain, position, cid)
             if cid in echoes:
                 page.append(fx.PageRow(token, "echo"))
                 continue
-            listed = self.fetcher.listed_entry(tenant, cid)
+            listed = listed_entry(tenant, cid)
             entry, size = listed if listed is not None else (None, None)
-            if entry is not None and not request.scope.matches(entry.message):
+            if entry is not None and in_scope is not None and not in_scope(tenant, cid, entry.message, scope):
                 page.append(fx.PageRow(token, "out_of_scope"))
                 continue
             readable = entry is not None and (may_read is None or may_read(entry.message))
             page.append(fx.PageRow(token, "listed", entry, size, readable))
         return page
+
+    def _in_scope(self, tenant: str, cid: str, message: dict[str, Any], scope: SyncScope) -> bool:
+        """Whether a listed message is in ``scope``; a RecordsDelete names no protocol, so its
+        stored indexes (which carry its record's) decide."""
+        descriptor = message.get("descriptor")
+        if isinstance(descriptor, dict) and descriptor.get("interface") == "Records" \
+                and descriptor.get("method") == "Delete":
+            return scope.matches(self.store.messages.get_indexes(tenant, cid) or {})
+        return scope.matches(message)
 
     def _answer_refs(self, request: fx.AnswerRefs) -> list[tuple[list[Any], bool]]:
         may_read = self._may_read(request.tenant, request.decision)

@@ -398,6 +398,29 @@ async def test_grantee_reads_what_the_grant_allows(tmp_path: Path) -> None:
     assert len(carol_store.messages.cids(ALICE.did)) == 4  # no notes, no grants
 
 
+async def test_a_scoped_pull_lists_deletes_by_their_records_protocol(tmp_path: Path) -> None:
+    """A RecordsDelete names no protocol: the source decides its scope by the stored indexes,
+    which carry its record's (a scoped pull of a log holding one used to fail)."""
+    from p2psync.dwn.engine import Dwn
+    from p2psync.dwn.records import create_records_delete
+
+    a = new_store(tmp_path, "a")
+    clock = Clock("2024-01-01T00:00:00.000000Z")
+    notes = write_notes(a, ALICE, 2, clock=clock)
+    docs = _shared_protocol(a, clock)
+    for record_id in (notes[0], docs[0]):
+        delete = create_records_delete(record_id=record_id, signer=ALICE, message_timestamp=clock.tick())
+        assert Dwn(a).process_message(ALICE.did, delete).code == 202
+    b = new_store(tmp_path, "b")
+    with trio.fail_after(60):  # without the fix the source's listing failed and the pull hung
+        async with served(Peer(a, ALICE)) as url:
+            summary = await Peer(b, ALICE).sync(url, tenant=ALICE.did, scope=SyncScope.for_protocol(SHARED))
+    assert summary.pull is not None and summary.pull.results == {"Applied": 1 + 3 + 1}  # configure, docs, delete
+    held = [b.messages.get(ALICE.did, c) for c in b.messages.cids(ALICE.did)]
+    deletes = [m["descriptor"]["recordId"] for m in held if m is not None and m["descriptor"]["method"] == "Delete"]
+    assert deletes == [docs[0]]  # the note's delete is out of scope
+
+
 async def test_grants_travel_in_get_collections_and_push_can_be_refused(tmp_path: Path) -> None:
     """A grantee brings its grant to a node of the tenant that has never seen it (§4.1)."""
     from p2psync.state.authz import sync_grant_messages
