@@ -763,10 +763,16 @@ class ReplicationProtocol:
     def _run_feed(self, source: Source, since: ProgressToken | None) -> Effects:
         try:
             yield from source.run(since)
-        except PeerError as exc:
+        except PeerError as exc:  # the puller's refusal, or the end of its read grant
             log.info("feed %d ended: %s", source.index, exc)
             if exc.code == 403:
                 self.close(403, "SyncNotAuthorized", exc.detail)
+        except Exception as exc:
+            # A bug or a store failure of ours: the puller would wait for `changes` that never
+            # come. Closing makes it reconnect and resume from its checkpoint (§2).
+            log.exception("feed %d failed", source.index)
+            if not self.closed:
+                self.close(500, "FeedFailed", type(exc).__name__)
         finally:
             self.sources.pop(source.index, None)
 

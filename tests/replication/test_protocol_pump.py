@@ -28,6 +28,7 @@ from p2psync.replication.effects import (
     ClaimMessages,
     CloseConnection,
     OperationFinished,
+    ReadPage,
     RecordSteps,
     ReleaseClaims,
     SendError,
@@ -365,3 +366,31 @@ def test_a_sink_keeps_attachment_bytes_in_flight_bounded(tmp_path: Path, monkeyp
     run(wire, pull)
     assert sink.stats.attachments_fetched == 12
     assert max(peaks) == 200_000 // 60_000  # three at a time: the bytes bound, not the count
+
+
+def test_a_feed_that_fails_inside_closes_the_connection_instead_of_leaving_the_puller_waiting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug or a store failure under a source's feed (not a refusal) would leave its puller
+    waiting for `changes` forever; the source closes instead, and the puller resumes later."""
+    laptop = make_side(tmp_path, "laptop", active=False)
+    phone = make_side(tmp_path, "phone", active=True)
+    write_notes(laptop.store, ALICE, 3, Clock(), "laptop")
+    wire = Wire(laptop, phone, random.Random(3))
+    laptop.proto.start_hello()
+    run(wire, phone.proto.start_hello())
+    scope = SyncScope.global_scope()
+    index, _ = run(wire, phone.proto.open_collection(ALICE.did, scope, "cp-feed-fails"))
+
+    def broken(_request: Any) -> Any:
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setitem(laptop.service._sync, ReadPage, broken)
+    key = phone.service.ledger.open_link(ALICE.did, f"{ALICE.did}?storeId={store_id(laptop.store)}", scope).key
+    pull, _ = phone.proto.pull(index, None, key=key, direction=Direction.PULL)
+    wire.pump()
+    assert [c.reason for c in wire.closed] == ["P2PSync 500 FeedFailed"]
+    assert not pull.done  # the driver ends it when the socket closes (ConnectionLost)
+    phone.proto.connection_lost(wire.closed[0].reason)
+    wire.pump()
+    assert pull.done and isinstance(pull.error, PeerError) and pull.error.name == "ConnectionLost"
