@@ -19,7 +19,6 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 
 import trio
-import trio.testing
 
 from p2psync.blip.errors import ConnectionClosed
 from p2psync.blip.handshake import DEFAULT_APP_ID, accept_stream, connect_stream
@@ -54,7 +53,12 @@ async def memory_pair(
     itself. ``streams`` replaces the fresh ``trio.testing.memory_stream_pair()`` with two
     ends of your own (e.g. wrapped to count or drop traffic): ``a`` uses the first.
     """
-    stream_a, stream_b = streams if streams is not None else trio.testing.memory_stream_pair()
+    if streams is None:
+        # Imported here: trio.testing imports pytest where it is installed (~75 ms a process).
+        from trio.testing import memory_stream_pair
+
+        streams = memory_stream_pair()
+    stream_a, stream_b = streams
     accepted: list[Connection] = []
     b_failed: list[BaseException] = []
     b_ready = trio.Event()
@@ -120,7 +124,9 @@ class MemoryListener(trio.abc.Listener[trio.abc.Stream]):
 
         Raises ``ConnectionRefusedError`` once the listener is closed.
         """
-        client_end, server_end = trio.testing.memory_stream_pair()
+        from trio.testing import memory_stream_pair  # see memory_pair
+
+        client_end, server_end = memory_stream_pair()
         try:
             await self._send.send(server_end)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
