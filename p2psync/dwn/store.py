@@ -23,7 +23,7 @@ import apsw
 from p2psync.dwn.encoding import json_compact, message_cid
 from p2psync.dwn.errors import DwnError
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 # Checkpoint the WAL every ~40 MB rather than the default ~4 MB: each checkpoint syncs the
 # database file, and with a dozen pages per commit the default checkpoints every ~80 commits.
@@ -274,6 +274,12 @@ _MIGRATIONS: dict[int, str] = {
     DELETE FROM archive_keys WHERE rowid IN (
         SELECT k.rowid FROM archive_keys k JOIN archive a ON a.id = k.row
         WHERE a.record_id IS NOT NULL AND k.key IN ('rec:' || a.record_id, 'live:' || a.record_id));
+    """,
+    # No table changes: an initial write appended in order whose data is kept out of line now
+    # also keeps a compact undo (canonical.py, `_INSERTED_ROW_AND_DATA`), which a schema-6
+    # p2psync would take for a changeset. The version keeps such a p2psync from opening it.
+    7: """
+    SELECT 1;
     """,
 }
 
