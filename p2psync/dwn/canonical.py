@@ -167,13 +167,27 @@ def archived_data(store: Store, tenant: str, cid: str) -> tuple[bool, bytes | No
     # Two lookups, each by its index (an OR of the two columns would scan the archive), in
     # one statement: this runs for every replicated message.
     row = store.conn.execute(_ARCHIVED_DATA_SQL, (tid, cid, tid, cid)).fetchone()
-    return (False, None) if row is None else (True, _opt_bytes(row[0]))
+    return (False, None) if row is None else (True, _kept_data(store, tid, *row))
 
 
 _ARCHIVED_DATA_SQL: Final = (
-    "SELECT data FROM archive WHERE tenant=? AND cid=?"
-    " UNION ALL SELECT data FROM archive WHERE tenant=? AND stored_cid=? AND stored_cid IS NOT cid LIMIT 1"
+    "SELECT data, record_id, data_in FROM archive WHERE tenant=? AND cid=?"
+    " UNION ALL SELECT data, record_id, data_in FROM archive WHERE tenant=? AND stored_cid=? AND stored_cid IS NOT cid"
+    " LIMIT 1"
 )
+
+
+def _kept_data(store: Store, tid: int, data: Any, record_id: Any, data_in: Any) -> bytes | None:
+    """An archive row's data: its ``data``, or, when ``data_in`` names the dataCid of a
+    ``data`` row that holds it (schema 7: not copied), that row's bytes."""
+    if data is not None or data_in is None:
+        return _opt_bytes(data)
+    row = store.conn.execute(
+        "SELECT bytes FROM data WHERE tenant=? AND record_id=? AND data_cid=?", (tid, record_id, data_in)
+    ).fetchone()
+    if row is None:  # pragma: no cover - the data row's delete trigger moves its bytes here
+        raise DwnError("StoreInternal", f"the data {data_in} of record {record_id} is gone", 500)
+    return bytes(row[0])
 # The archive row a stored CID belongs to. archive_stored holds only the stored CIDs that
 # differ from the CID as admitted (schema 6): the others are found as a CID.
 _BY_STORED_CID_SQL: Final = (
@@ -204,9 +218,10 @@ def archived_messages(
         return []
     if record_id is not None:
         rows = store.conn.execute(
-            "SELECT body, data FROM archive WHERE tenant=? AND record_id=? ORDER BY sort_key", (tid, record_id)
+            "SELECT body, data, data_in FROM archive WHERE tenant=? AND record_id=? ORDER BY sort_key", (tid, record_id)
         ).fetchall()
-        return [(json.loads(str(body)), _opt_bytes(data)) for body, data in rows]
+        return [(json.loads(str(body)), _kept_data(store, tid, data, record_id, data_in))
+                for body, data, data_in in rows]
     rows = store.conn.execute(
         "SELECT body FROM archive WHERE tenant=? AND record_id IS NULL ORDER BY sort_key", (tid,)
     ).fetchall()
@@ -265,7 +280,7 @@ class _Row:
     data: bytes | None
 
 
-_ROW_COLUMNS: Final = "id, sort_key, cid, stored_cid, record_id, initial, body, data"
+_ROW_COLUMNS: Final = "id, sort_key, cid, stored_cid, record_id, initial, body, data, data_in, tenant"
 
 
 class History:
@@ -464,7 +479,8 @@ class History:
             return None
         conn = self.store.conn
         row = conn.execute(
-            "SELECT sort_key FROM archive WHERE tenant=? AND record_id=? AND initial=1 AND data IS NULL",
+            "SELECT sort_key FROM archive WHERE tenant=? AND record_id=? AND initial=1 AND data IS NULL"
+            " AND data_in IS NULL",
             (tid, record_id),
         ).fetchone()
         if row is None or row[0] >= key:
@@ -560,9 +576,12 @@ class History:
         if initial is None:
             initial = is_initial_write(message)
         footprint = self._footprint(tid, message, initial)
+        # An appended write whose data row was just added (and seen, `_appended`): the archive
+        # names that row rather than copying its bytes.
+        data_in = message["descriptor"]["dataCid"] if undo.startswith(_INSERTED_ROW_AND_DATA) else None
         self.store.conn.execute(
             "INSERT INTO archive(tenant, sort_key, cid, stored_cid, record_id, initial, body, data, accepted, touch,"
-            " undo) VALUES(?,?,?,?,?,?,?,?,?,?,?)",
+            " undo, data_in) VALUES(?,?,?,?,?,?,?,?,?,?,?,?)",
             (
                 tid,
                 key,
@@ -571,10 +590,11 @@ class History:
                 _record_id(message),
                 int(initial),
                 archived_body(self.store, message),
-                data,
+                None if data_in is not None else data,
                 int(accepted),
                 footprint.text(),
                 undo,
+                data_in,
             ),
         )
         # A new row has no keys yet: its rowid is new, or was the last row's, whose keys went
@@ -688,7 +708,8 @@ class History:
         if d.get("method") != "Write" or (is_initial_write(message) if initial is None else initial):
             return True
         row = self.store.conn.execute(
-            "SELECT data IS NULL FROM archive WHERE tenant=? AND record_id=? AND initial=1", (tid, record_id)
+            "SELECT data IS NULL AND data_in IS NULL FROM archive WHERE tenant=? AND record_id=? AND initial=1",
+            (tid, record_id),
         ).fetchone()
         return row is None or bool(row[0])
 
@@ -898,9 +919,9 @@ class History:
         r = self.store.conn.execute(f"SELECT {_ROW_COLUMNS} FROM archive WHERE id=?", (row_id,)).fetchone()
         if r is None:  # pragma: no cover - the id was just read
             raise DwnError("StoreInternal", f"archive row {row_id} vanished", 500)
-        row_id, key, cid, stored_cid, record_id, initial, body, data = r
+        row_id, key, cid, stored_cid, record_id, initial, body, data, data_in, tid = r
         return _Row(_int(row_id), str(key), str(cid), str(stored_cid), _opt_str(record_id), bool(initial), str(body),
-                    _opt_bytes(data))
+                    _kept_data(self.store, _int(tid), data, record_id, data_in))
 
     def _withheld(self, tid: int, row: _Row) -> bool:
         """Whether the row, an initial write archived without data, is processed as its

@@ -34,6 +34,7 @@ from tests.replication.support import (
     process_all,
     seeded,
     snapshot,
+    undo_schema_7,
 )
 
 
@@ -284,6 +285,7 @@ def test_a_store_from_before_the_archive_is_archived_and_rebuilt(tmp_path: Path)
     old.store.conn.execute("DROP TABLE set_journal")
     old.store.conn.execute("DROP TABLE set_digests")
     old.store.conn.execute("DELETE FROM meta WHERE key LIKE 'set_journal_%'")
+    undo_schema_7(old.store.conn)
     old.store.conn.execute("PRAGMA user_version=1")
     old.close()
     reopened = Dwn(Store(path))
@@ -406,6 +408,17 @@ def test_large_data_appended_then_updated_then_warped(tmp_path: Path, restricts:
     undo = bytes(late.store.scalar("SELECT undo FROM archive WHERE cid=?", (first.cid,)))
     assert undo.startswith(_INSERTED_ROW_AND_DATA)  # no session: the write's own row and data row
     assert late.store.data.get(w.tenant, note.record_id, note.message["descriptor"]["dataCid"]) == _big("first")
+    # the archive names the data row instead of keeping a second copy, and reads through it
+    held = late.store.conn.execute("SELECT data, data_in FROM archive WHERE cid=?", (first.cid,)).fetchone()
+    assert held == (None, note.message["descriptor"]["dataCid"])
+    assert archived_data(late.store, w.tenant, first.cid) == (True, first.data)
+
+    def usage_scanned(dwn: Dwn) -> tuple[int, int]:
+        rows = dwn.store.conn.execute("SELECT cid, body FROM archive WHERE tenant=?", (tid,)).fetchall()
+        kept = [archived_data(dwn.store, w.tenant, str(cid))[1] or b"" for cid, _ in rows]
+        return len(rows), sum(len(str(body).encode()) + len(data) for (_, body), data in zip(rows, kept, strict=True))
+
+    assert late.store.usage(w.tenant) == usage_scanned(late)
 
     # undone and processed again, it stores exactly what it stored the first time
     before = snapshot(late.store, w.tenant)
@@ -419,6 +432,10 @@ def test_large_data_appended_then_updated_then_warped(tmp_path: Path, restricts:
     assert snapshot(late.store, w.tenant) == snapshot(canonical.store, w.tenant)
     for dwn in (canonical, late):
         assert dwn.history.verify(w.tenant) == {"missing": [], "extra": [], "changed": [], "data": []}
+        assert dwn.store.usage(w.tenant) == usage_scanned(dwn)
+    # the updates dropped the write's data row: its bytes moved into its archive row
+    held = late.store.conn.execute("SELECT data, data_in FROM archive WHERE cid=?", (first.cid,)).fetchone()
+    assert held == (first.data, None)
     if restricts:
         # refused at its place: the write's data row went with its undo, none came back
         assert not snapshot(late.store, w.tenant).data

@@ -29,7 +29,7 @@ from p2psync.state.committer import GroupCommitter
 from p2psync.state.digest import store_digest
 from p2psync.state.setindex import SetChange, SetDigest, SetIndex
 from tests.replication.histories import canonical_order, generate
-from tests.replication.support import admit_all, chat_world, process_all
+from tests.replication.support import admit_all, chat_world, process_all, undo_schema_7
 
 TENANTS = ["did:example:alice", "did:example:bob"]
 PROTOCOLS = [None, "https://example.com/a", "https://example.com/b"]
@@ -391,6 +391,7 @@ def downgrade_to_schema_2(store: Store) -> None:
     conn.execute("DROP TABLE set_journal")
     conn.execute("DROP TABLE set_digests")
     conn.execute("DELETE FROM meta WHERE key IN (?, ?)", (setindex.FLOOR_KEY, setindex.PRUNED_KEY))
+    undo_schema_7(conn)
     conn.execute("PRAGMA user_version=2")
 
 
