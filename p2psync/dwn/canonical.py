@@ -167,13 +167,27 @@ def archived_data(store: Store, tenant: str, cid: str) -> tuple[bool, bytes | No
     # Two lookups, each by its index (an OR of the two columns would scan the archive), in
     # one statement: this runs for every replicated message.
     row = store.conn.execute(_ARCHIVED_DATA_SQL, (tid, cid, tid, cid)).fetchone()
-    return (False, None) if row is None else (True, _opt_bytes(row[0]))
+    return (False, None) if row is None else (True, _kept_data(store, tid, *row))
 
 
 _ARCHIVED_DATA_SQL: Final = (
-    "SELECT data FROM archive WHERE tenant=? AND cid=?"
-    " UNION ALL SELECT data FROM archive WHERE tenant=? AND stored_cid=? AND stored_cid IS NOT cid LIMIT 1"
+    "SELECT data, record_id, data_in FROM archive WHERE tenant=? AND cid=?"
+    " UNION ALL SELECT data, record_id, data_in FROM archive WHERE tenant=? AND stored_cid=? AND stored_cid IS NOT cid"
+    " LIMIT 1"
 )
+
+
+def _kept_data(store: Store, tid: int, data: Any, record_id: Any, data_in: Any) -> bytes | None:
+    """An archive row's data: its ``data``, or, when ``data_in`` names the dataCid of a
+    ``data`` row that holds it (schema 7: not copied), that row's bytes."""
+    if data is not None or data_in is None:
+        return _opt_bytes(data)
+    row = store.conn.execute(
+        "SELECT bytes FROM data WHERE tenant=? AND record_id=? AND data_cid=?", (tid, record_id, data_in)
+    ).fetchone()
+    if row is None:  # pragma: no cover - the data row's delete trigger moves its bytes here
+        raise DwnError("StoreInternal", f"the data {data_in} of record {record_id} is gone", 500)
+    return bytes(row[0])
 # The archive row a stored CID belongs to. archive_stored holds only the stored CIDs that
 # differ from the CID as admitted (schema 6): the others are found as a CID.
 _BY_STORED_CID_SQL: Final = (
@@ -204,9 +218,10 @@ def archived_messages(
         return []
     if record_id is not None:
         rows = store.conn.execute(
-            "SELECT body, data FROM archive WHERE tenant=? AND record_id=? ORDER BY sort_key", (tid, record_id)
+            "SELECT body, data, data_in FROM archive WHERE tenant=? AND record_id=? ORDER BY sort_key", (tid, record_id)
         ).fetchall()
-        return [(json.loads(str(body)), _opt_bytes(data)) for body, data in rows]
+        return [(json.loads(str(body)), _kept_data(store, tid, data, record_id, data_in))
+                for body, data, data_in in rows]
     rows = store.conn.execute(
         "SELECT body FROM archive WHERE tenant=? AND record_id IS NULL ORDER BY sort_key", (tid,)
     ).fetchall()
@@ -275,7 +290,7 @@ class _Row:
     data: bytes | None
 
 
-_ROW_COLUMNS: Final = "id, sort_key, cid, stored_cid, record_id, initial, body, data"
+_ROW_COLUMNS: Final = "id, sort_key, cid, stored_cid, record_id, initial, body, data, data_in, tenant"
 
 
 class History:
@@ -354,7 +369,8 @@ class History:
                 self._insert(tenant, message, data, cid, key, accepted=reply.code in (202, 204), undo=undo,
                              initial=initial)
                 # An appended initial write's undo names its row, which _appended just saw stored.
-                stored = undo.startswith(_INSERTED_ROW) or self.store.messages.has(tenant, _stored_cid(message, cid))
+                stored = (undo.startswith((_INSERTED_ROW, _INSERTED_ROW_AND_DATA))
+                          or self.store.messages.has(tenant, _stored_cid(message, cid)))
                 return Placement(reply, verdict, stored, 0)
             start = self._warp_start(tenant, key, record_id)
             self._insert(tenant, message, data, cid, key, accepted=False, undo=b"", initial=initial)
@@ -477,7 +493,8 @@ class History:
             return None
         conn = self.store.conn
         row = conn.execute(
-            "SELECT sort_key FROM archive WHERE tenant=? AND record_id=? AND initial=1 AND data IS NULL",
+            "SELECT sort_key FROM archive WHERE tenant=? AND record_id=? AND initial=1 AND data IS NULL"
+            " AND data_in IS NULL",
             (tid, record_id),
         ).fetchone()
         if row is None or row[0] >= key:
@@ -524,11 +541,22 @@ class History:
         pre-update hook, changeset and inverse cost a sixth of the apply (issue #17). That is
         checked, not assumed: unless the connection's change count and the set journal show
         exactly that one row stored (with its log entry), the processing is rolled back and
-        done again under a session.
+        done again under a session. A write whose data is kept out of line also adds its
+        ``data`` row, new (no row of that key was there before) and seen: its undo
+        (:data:`_INSERTED_ROW_AND_DATA`) deletes that row too.
         """
         conn, tid = self.store.conn, self.store._tid(tenant)
         stored_cid = _stored_cid(message, cid)
         seq = self.store.scalar("SELECT coalesce(max(seq), 0) FROM set_journal")
+        data_key = _data_key(message, data)
+        last_data: int = 0
+        if data_key is not None:
+            # Data kept out of line adds its `data` row. Its undo deletes that row by id (ids
+            # are never reused): the row must be new, not one a REPLACE took the place of.
+            before = conn.execute(_DATA_BEFORE_SQL, (tid, *data_key)).fetchone()
+            if before is None or before[1]:
+                return self._recorded(tenant, message, data, withheld=False)
+            last_data = _int(before[0])
         changes = conn.total_changes()
         try:
             with self.store.transaction():
@@ -537,10 +565,16 @@ class History:
                 if changes == 0:
                     return reply, b""  # refused before writing anything
                 journal = conn.execute(_JOURNALED_ROWS_SQL, (seq,)).fetchall()
-                if changes == _STORED_ONE_ROW and len(journal) == 1:
+                if len(journal) == 1:
                     journaled_tid, journaled_cid, delta, body, indexes = journal[0]
                     if (journaled_tid, journaled_cid, delta) == (tid, stored_cid, 1) and body is not None:
-                        return reply, _INSERTED_ROW + _row_digest(body, indexes)
+                        digest = _row_digest(body, indexes)
+                        if changes == _STORED_ONE_ROW and data_key is None:
+                            return reply, _INSERTED_ROW + digest
+                        if changes == _STORED_ONE_ROW + 1 and data_key is not None:
+                            added = conn.execute(_DATA_AFTER_SQL, (last_data,)).fetchall()
+                            if len(added) == 1 and tuple(added[0][1:]) == (tid, *data_key):
+                                return reply, _INSERTED_ROW_AND_DATA + digest + _int(added[0][0]).to_bytes(8, "big")
                 raise _RollBack
         except _RollBack:
             pass
@@ -556,9 +590,12 @@ class History:
         if initial is None:
             initial = is_initial_write(message)
         footprint = self._footprint(tid, message, initial)
+        # An appended write whose data row was just added (and seen, `_appended`): the archive
+        # names that row rather than copying its bytes.
+        data_in = message["descriptor"]["dataCid"] if undo.startswith(_INSERTED_ROW_AND_DATA) else None
         self.store.conn.execute(
             "INSERT INTO archive(tenant, sort_key, cid, stored_cid, record_id, initial, body, data, accepted, touch,"
-            " undo) VALUES(?,?,?,?,?,?,?,?,?,?,?)",
+            " undo, data_in) VALUES(?,?,?,?,?,?,?,?,?,?,?,?)",
             (
                 tid,
                 key,
@@ -567,10 +604,11 @@ class History:
                 _record_id(message),
                 int(initial),
                 archived_body(self.store, message),
-                data,
+                None if data_in is not None else data,
                 int(accepted),
                 footprint.text(),
                 undo,
+                data_in,
             ),
         )
         # A new row has no keys yet: its rowid is new, or was the last row's, whose keys went
@@ -684,7 +722,8 @@ class History:
         if d.get("method") != "Write" or (is_initial_write(message) if initial is None else initial):
             return True
         row = self.store.conn.execute(
-            "SELECT data IS NULL FROM archive WHERE tenant=? AND record_id=? AND initial=1", (tid, record_id)
+            "SELECT data IS NULL AND data_in IS NULL FROM archive WHERE tenant=? AND record_id=? AND initial=1",
+            (tid, record_id),
         ).fetchone()
         return row is None or bool(row[0])
 
@@ -771,6 +810,10 @@ class History:
             if undo.startswith(_INSERTED_ROW):
                 self._delete_inserted(tid, str(stored_cid), undo[len(_INSERTED_ROW):])
                 touched.add(str(stored_cid))
+            elif undo.startswith(_INSERTED_ROW_AND_DATA):
+                rest = undo[len(_INSERTED_ROW_AND_DATA):]
+                self._delete_inserted(tid, str(stored_cid), rest[:-8], data_row=int.from_bytes(rest[-8:], "big"))
+                touched.add(str(stored_cid))
             elif undo:
                 _collect_cids(undo, touched)
                 apsw.Changeset.apply(undo, conn)
@@ -806,17 +849,22 @@ class History:
         self.replayed += processed
         return processed
 
-    def _delete_inserted(self, tid: int, stored_cid: str, digest: bytes) -> None:
-        """Undo an :meth:`_appended` initial write: delete its row, which must be as stored.
-        A row gone or changed means a message the warp did not take changed it (the
-        footprints missed a dependency): refused like a changeset conflict, so that the
-        warp is done again over every later message."""
+    def _delete_inserted(self, tid: int, stored_cid: str, digest: bytes, data_row: int | None = None) -> None:
+        """Undo an :meth:`_appended` initial write: delete its row, which must be as stored,
+        and the ``data`` row ``data_row`` it added, which must still be there. A row gone or
+        changed means a message the warp did not take changed it (the footprints missed a
+        dependency): refused like a changeset conflict, so that the warp is done again over
+        every later message."""
         conn = self.store.conn
         row = conn.execute(
             "SELECT id, body, indexes FROM messages WHERE tenant=? AND cid=?", (tid, stored_cid)
         ).fetchone()
         if row is None or _row_digest(row[1], row[2]) != digest:
             raise apsw.AbortError(f"undoing {stored_cid}: its row is not as it was stored")
+        if data_row is not None:
+            conn.execute("DELETE FROM data WHERE id=? AND tenant=?", (data_row, tid))
+            if conn.changes() != 1:
+                raise apsw.AbortError(f"undoing {stored_cid}: its data row {data_row} is gone")
         conn.execute("DELETE FROM messages WHERE id=?", (row[0],))
 
     def _affected(self, tid: int, start: str, scope: Footprint) -> list[int]:
@@ -885,9 +933,9 @@ class History:
         r = self.store.conn.execute(f"SELECT {_ROW_COLUMNS} FROM archive WHERE id=?", (row_id,)).fetchone()
         if r is None:  # pragma: no cover - the id was just read
             raise DwnError("StoreInternal", f"archive row {row_id} vanished", 500)
-        row_id, key, cid, stored_cid, record_id, initial, body, data = r
+        row_id, key, cid, stored_cid, record_id, initial, body, data, data_in, tid = r
         return _Row(_int(row_id), str(key), str(cid), str(stored_cid), _opt_str(record_id), bool(initial), str(body),
-                    _opt_bytes(data))
+                    _kept_data(self.store, _int(tid), data, record_id, data_in))
 
     def _withheld(self, tid: int, row: _Row) -> bool:
         """Whether the row, an initial write archived without data, is processed as its
@@ -926,9 +974,15 @@ class History:
 # The undo of an :meth:`History._appended` initial write: this marker, then the SHA-256 of the
 # row's body and indexes. A SQLite changeset starts with "T" or "P", never with a NUL.
 _INSERTED_ROW: Final = b"\x00p2psync:inserted-row\x00"
+# The undo of an :meth:`History._appended` initial write whose data is kept out of line: this
+# marker, the row's digest, then the 8-byte id of the ``data`` row it added.
+_INSERTED_ROW_AND_DATA: Final = b"\x00p2psync:inserted-row-and-data\x00"
 # What storing one message changes, as the connection counts it: its ``messages`` row, the
 # set-journal row its trigger writes, the tenant's next log position, the log entry.
 _STORED_ONE_ROW: Final = 4
+# Data larger than this is kept out of line, in the data store (dwn-sdk-js 0.5.2's
+# DwnConstant.maxDataSizeAllowedToBeEncoded; handlers/records.py).
+_MAX_DATA_SIZE_ENCODED: Final = 30_000
 
 
 # The archive rows of a record from a sort key on (the rows its own footprint keys name).
@@ -946,6 +1000,27 @@ _JOURNALED_ROWS_SQL: Final = (
     "SELECT j.tenant, j.cid, j.delta, m.body, m.indexes FROM set_journal j"
     " LEFT JOIN messages m ON m.tenant = j.tenant AND m.cid = j.cid WHERE j.seq>?"
 )
+
+
+# Before an appended write that keeps its data out of line: the last data row id, and whether
+# a row of its key (tenant, record, dataCid) is there already. After: the data rows it added.
+_DATA_BEFORE_SQL: Final = (
+    "SELECT (SELECT coalesce(max(id), 0) FROM data),"
+    " EXISTS(SELECT 1 FROM data WHERE tenant=? AND record_id=? AND data_cid=?)"
+)
+_DATA_AFTER_SQL: Final = "SELECT id, tenant, record_id, data_cid FROM data WHERE id>?"
+
+
+def _data_key(message: Message, data: bytes | None) -> tuple[str, str] | None:
+    """(recordId, dataCid) of a Records write whose data, given, is too large to be kept
+    inline (the reference keeps it in the data store), else None."""
+    d = message["descriptor"]
+    size, data_cid, record_id = d.get("dataSize"), d.get("dataCid"), message.get("recordId")
+    if data is None or not isinstance(size, int) or size <= _MAX_DATA_SIZE_ENCODED:
+        return None
+    if not isinstance(data_cid, str) or not isinstance(record_id, str):
+        return None
+    return record_id, data_cid
 
 
 def _row_digest(body: Any, indexes: Any) -> bytes:

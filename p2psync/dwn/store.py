@@ -23,7 +23,7 @@ import apsw
 from p2psync.dwn.encoding import json_compact, message_cid
 from p2psync.dwn.errors import DwnError
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 # Checkpoint the WAL every ~40 MB rather than the default ~4 MB: each checkpoint syncs the
 # database file, and with a dozen pages per commit the default checkpoints every ~80 commits.
@@ -274,6 +274,45 @@ _MIGRATIONS: dict[int, str] = {
     DELETE FROM archive_keys WHERE rowid IN (
         SELECT k.rowid FROM archive_keys k JOIN archive a ON a.id = k.row
         WHERE a.record_id IS NOT NULL AND k.key IN ('rec:' || a.record_id, 'live:' || a.record_id));
+    """,
+    # An initial write appended in order whose data is kept out of line keeps a compact undo
+    # (canonical.py, `_INSERTED_ROW_AND_DATA`), which a schema-6 p2psync would take for a
+    # changeset, and its archive row does not copy the data its `data` row holds: `data_in`
+    # names that row's dataCid (canonical.py reads the data through it). When the data row
+    # goes (the record updated or deleted, a warp undoing the write), its bytes move into the
+    # archive rows that name it, which must keep them. The usage counts such a row's data by
+    # its descriptor's dataSize (the data was checked against it).
+    7: """
+    ALTER TABLE archive ADD COLUMN data_in TEXT;
+    CREATE TRIGGER archive_data_kept AFTER DELETE ON data BEGIN
+        UPDATE archive SET data = old.bytes, data_in = NULL
+            WHERE tenant = old.tenant AND record_id = old.record_id AND data_in = old.data_cid;
+    END;
+    DROP TRIGGER IF EXISTS tenant_usage_insert;
+    DROP TRIGGER IF EXISTS tenant_usage_delete;
+    DROP TRIGGER IF EXISTS tenant_usage_update;
+    CREATE TRIGGER tenant_usage_insert AFTER INSERT ON archive BEGIN
+        INSERT INTO tenant_usage(tenant, messages, bytes)
+            VALUES(new.tenant, 1, length(CAST(new.body AS BLOB)) + coalesce(length(new.data),
+                CASE WHEN new.data_in IS NOT NULL THEN json_extract(new.body, '$.descriptor.dataSize') END, 0))
+            ON CONFLICT(tenant) DO UPDATE SET messages = messages + 1, bytes = bytes + excluded.bytes;
+    END;
+    CREATE TRIGGER tenant_usage_delete AFTER DELETE ON archive BEGIN
+        UPDATE tenant_usage SET messages = messages - 1,
+            bytes = bytes - (length(CAST(old.body AS BLOB)) + coalesce(length(old.data),
+                CASE WHEN old.data_in IS NOT NULL THEN json_extract(old.body, '$.descriptor.dataSize') END, 0))
+            WHERE tenant = old.tenant;
+    END;
+    CREATE TRIGGER tenant_usage_update AFTER UPDATE OF tenant, body, data, data_in ON archive BEGIN
+        UPDATE tenant_usage SET messages = messages - 1,
+            bytes = bytes - (length(CAST(old.body AS BLOB)) + coalesce(length(old.data),
+                CASE WHEN old.data_in IS NOT NULL THEN json_extract(old.body, '$.descriptor.dataSize') END, 0))
+            WHERE tenant = old.tenant;
+        INSERT INTO tenant_usage(tenant, messages, bytes)
+            VALUES(new.tenant, 1, length(CAST(new.body AS BLOB)) + coalesce(length(new.data),
+                CASE WHEN new.data_in IS NOT NULL THEN json_extract(new.body, '$.descriptor.dataSize') END, 0))
+            ON CONFLICT(tenant) DO UPDATE SET messages = messages + 1, bytes = bytes + excluded.bytes;
+    END;
     """,
 }
 

@@ -192,7 +192,8 @@ class Quotas:
         size = len(data) if data is not None else 0
         if tid is not None:
             row = self.store.conn.execute(
-                "SELECT data IS NOT NULL FROM archive WHERE tenant=? AND cid=?", (tid, cid)).fetchone()
+                "SELECT data IS NOT NULL OR data_in IS NOT NULL FROM archive WHERE tenant=? AND cid=?", (tid, cid)
+            ).fetchone()
             if row is not None:
                 return Usage(0, 0 if row[0] else size)
         body = json_compact({k: v for k, v in message.items() if k != "encodedData"})

@@ -14,7 +14,7 @@ from p2psync.dwn.encoding import json_compact, message_cid
 from p2psync.dwn.engine import Dwn
 from p2psync.dwn.records_write import RecordsWrite
 from p2psync.dwn.store import SCHEMA_VERSION, Store
-from tests.replication.support import ChatWorld, Step, chat_world, snapshot
+from tests.replication.support import ChatWorld, Step, chat_world, snapshot, undo_schema_7
 
 
 def world() -> ChatWorld:
@@ -64,15 +64,28 @@ def v5_archive_keys(dwn: Dwn) -> None:
         )
 
 
+def open_v5(path: Path) -> Dwn:
+    """A schema-5 store opened by this p2psync, which reads the archive's ``data_in`` (schema
+    7): the column is there while it is open (:func:`close_v5` takes it out again)."""
+    old = Dwn(Store(path))
+    assert old.store.scalar("PRAGMA user_version") == 5
+    old.store.conn.execute("ALTER TABLE archive ADD COLUMN data_in TEXT")
+    return old
+
+
+def close_v5(old: Dwn) -> None:
+    undo_schema_7(old.store.conn)
+    old.close()
+
+
 def make_v5_store(path: Path, steps: list[Step], tenant: str, monkeypatch: pytest.MonkeyPatch) -> None:
     with monkeypatch.context() as m:
         m.setattr(store_module, "SCHEMA_VERSION", 5)
-        old = Dwn(Store(path))
-        assert old.store.scalar("PRAGMA user_version") == 5
+        old = open_v5(path)
         for step in steps:
             assert old.apply_replicated_message(tenant, step.message, step.data).kind == "Applied", step.name
         v5_archive_keys(old)
-        old.close()
+        close_v5(old)
 
 
 def index_sql(store: Store, name: str) -> str:
@@ -85,17 +98,17 @@ def test_a_schema_5_store_migrates_and_answers_the_same(tmp_path: Path, monkeypa
     make_v5_store(path, w.ordered(), w.tenant, monkeypatch)
     with monkeypatch.context() as m:
         m.setattr(store_module, "SCHEMA_VERSION", 5)
-        old = Dwn(Store(path))
+        old = open_v5(path)
         before, state = answers(old, w), snapshot(old.store, w.tenant)
         own = old.store.scalar("SELECT count(*) FROM archive_keys k JOIN archive a ON a.id = k.row"
                                " WHERE k.key IN ('rec:' || a.record_id, 'live:' || a.record_id)")
         keys = old.store.scalar("SELECT count(*) FROM archive_keys")
-        old.close()
+        close_v5(old)
     assert 0 < own < keys  # the migration has own keys to drop and others to keep
 
     migrated = Dwn(Store(path))
     store = migrated.store
-    assert store.scalar("PRAGMA user_version") == SCHEMA_VERSION == 6
+    assert store.scalar("PRAGMA user_version") == SCHEMA_VERSION == 7
     for name in ("messages_entry", "messages_parent", "messages_context", "messages_protocol", "archive_stored"):
         assert " WHERE " in index_sql(store, name), name
     assert store.scalar("SELECT count(*) FROM archive_keys") == keys - own

@@ -10,7 +10,7 @@ from pathlib import Path
 from p2psync.dwn.engine import Dwn
 from p2psync.dwn.records_write import RecordsWrite
 from p2psync.dwn.store import SCHEMA_VERSION, Store
-from tests.replication.support import chat_world, process_all
+from tests.replication.support import chat_world, process_all, undo_schema_7
 
 
 def scanned(store: Store, tenant: str) -> tuple[int, int]:
@@ -61,10 +61,11 @@ def test_a_schema_3_store_gets_its_counts(tmp_path: Path) -> None:
     for trigger in ("tenant_usage_insert", "tenant_usage_delete", "tenant_usage_update"):
         conn.execute(f"DROP TRIGGER {trigger}")
     conn.execute("DROP TABLE tenant_usage")
+    undo_schema_7(conn)
     conn.execute("PRAGMA user_version=3")
     old.close()
     reopened = Dwn(Store(path))
-    assert reopened.store.scalar("PRAGMA user_version") == SCHEMA_VERSION == 6
+    assert reopened.store.scalar("PRAGMA user_version") == SCHEMA_VERSION == 7
     assert reopened.store.usage(w.tenant) == want
     extra = w.write("late note", w.bob, "note", b"late")
     assert reopened.process_message(w.tenant, extra.message, b"late").code == 202

@@ -276,3 +276,14 @@ async def admit_all(
 
 def kinds(results: Iterable[ReplicationApplyResult]) -> list[str]:
     return [r.kind for r in results]
+
+
+def undo_schema_7(conn: Any) -> None:
+    """Take out what schema 7 added (the archive's ``data_in``, the trigger that keeps a data
+    row's bytes in the archive, the usage triggers that read ``data_in``), for tests that turn
+    a store back into an older schema's and open it again."""
+    conn.execute("DROP TRIGGER IF EXISTS archive_data_kept")
+    for trigger in ("tenant_usage_insert", "tenant_usage_delete", "tenant_usage_update"):
+        conn.execute(f"DROP TRIGGER IF EXISTS {trigger}")
+    if any(row[1] == "data_in" for row in conn.execute("PRAGMA table_info(archive)")):
+        conn.execute("ALTER TABLE archive DROP COLUMN data_in")

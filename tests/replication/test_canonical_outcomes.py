@@ -25,7 +25,17 @@ from p2psync.dwn.store import Store
 from p2psync.dwn.timeutil import add_seconds
 from p2psync.replication.closure import ClosureAdmitter
 from p2psync.state.local import LocalApplier, LocalStoreFetcher
-from tests.replication.support import CHAT, CHAT_DEFINITION, ChatWorld, Step, chat_world, process_all, snapshot
+from tests.replication.support import (
+    CHAT,
+    CHAT_DEFINITION,
+    ChatWorld,
+    Step,
+    chat_world,
+    process_all,
+    seeded,
+    snapshot,
+    undo_schema_7,
+)
 
 
 @pytest.fixture
@@ -275,6 +285,7 @@ def test_a_store_from_before_the_archive_is_archived_and_rebuilt(tmp_path: Path)
     old.store.conn.execute("DROP TABLE set_journal")
     old.store.conn.execute("DROP TABLE set_digests")
     old.store.conn.execute("DELETE FROM meta WHERE key LIKE 'set_journal_%'")
+    undo_schema_7(old.store.conn)
     old.store.conn.execute("PRAGMA user_version=1")
     old.close()
     reopened = Dwn(Store(path))
@@ -368,3 +379,102 @@ def test_an_initial_write_authored_last_keeps_the_compact_undo(tmp_path: Path) -
     assert authored.history.rebuild(w.tenant) == len(w.steps)
     _same(authored, pulled, w.tenant)
     assert authored.history.verify(w.tenant) == {"missing": [], "extra": [], "changed": [], "data": []}
+
+
+def _big(tag: str, size: int = 40_000) -> bytes:
+    """Record data larger than the reference keeps inline (30,000 bytes): stored out of line."""
+    head = f"{tag} ".encode()
+    return (head * (size // len(head) + 1))[:size]
+
+
+@pytest.mark.parametrize("restricts", [False, True], ids=["same-definition", "note-closed"])
+def test_large_data_appended_then_updated_then_warped(tmp_path: Path, restricts: bool) -> None:
+    """An initial write with out-of-line data appended in order keeps the compact undo that
+    also deletes its data row; two updates then drop that row and the first update's. A
+    protocol definition sorting before the write arrives late: the warp undoes the updates
+    and the write, and the state, the data store and the archive's data are the canonical
+    ones (those of the same messages applied in canonical order). ``note-closed``: the late
+    definition lets no one but alice write notes, so the write and its updates are refused
+    at their places and no data row may remain."""
+    import apsw
+
+    from p2psync.dwn.canonical import _INSERTED_ROW_AND_DATA, archived_data
+
+    w = ChatWorld(seeded("alice"), seeded("bob", "jwk"), seeded("carol"))
+    times = [w.clock.tick() for _ in range(5)]
+    configure = w.add("protocol", ProtocolsConfigure.create(
+        definition=CHAT_DEFINITION, signer=w.alice, message_timestamp=times[0]).message)
+    definition = CHAT_DEFINITION
+    if restricts:
+        definition = {**CHAT_DEFINITION, "structure": {**CHAT_DEFINITION["structure"], "note": {}}}
+    again = w.add("protocol-again", ProtocolsConfigure.create(
+        definition=definition, signer=w.alice, message_timestamp=times[1]).message)
+    note = RecordsWrite.create(signer=w.bob, data=_big("first"), protocol=CHAT, protocol_path="note",
+                               message_timestamp=times[2], date_created=times[2])
+    first = w.add("note", note.message, _big("first"))
+    between = w.add("note-between", RecordsWrite.create_from(
+        note.message, signer=w.bob, data=_big("between", 41_000), message_timestamp=times[3]).message,
+        _big("between", 41_000))
+    last = w.add("note-last", RecordsWrite.create_from(
+        note.message, signer=w.bob, data=_big("last", 42_000), message_timestamp=times[4]).message,
+        _big("last", 42_000))
+
+    canonical = Dwn(Store(tmp_path / "canonical.db"))
+    applied = [r.kind for r in _apply(canonical, w, *w.ordered())]
+    # refused at their places under the closed definition: kept in the archive, not stored
+    assert applied == ["Applied"] * 2 + (["Superseded"] * 3 if restricts else ["Applied"] * 3)
+    late = Dwn(Store(tmp_path / "late.db"))
+    assert [r.kind for r in _apply(late, w, configure, first)] == ["Applied"] * 2
+    tid = late.store._tid(w.tenant)
+    undo = bytes(late.store.scalar("SELECT undo FROM archive WHERE cid=?", (first.cid,)))
+    assert undo.startswith(_INSERTED_ROW_AND_DATA)  # no session: the write's own row and data row
+    assert late.store.data.get(w.tenant, note.record_id, note.message["descriptor"]["dataCid"]) == _big("first")
+    # the archive names the data row instead of keeping a second copy, and reads through it
+    held = late.store.conn.execute("SELECT data, data_in FROM archive WHERE cid=?", (first.cid,)).fetchone()
+    assert held == (None, note.message["descriptor"]["dataCid"])
+    assert archived_data(late.store, w.tenant, first.cid) == (True, first.data)
+
+    def usage_scanned(dwn: Dwn) -> tuple[int, int]:
+        rows = dwn.store.conn.execute("SELECT cid, body FROM archive WHERE tenant=?", (tid,)).fetchall()
+        kept = [archived_data(dwn.store, w.tenant, str(cid))[1] or b"" for cid, _ in rows]
+        return len(rows), sum(len(str(body).encode()) + len(data) for (_, body), data in zip(rows, kept, strict=True))
+
+    assert late.store.usage(w.tenant) == usage_scanned(late)
+
+    # undone and processed again, it stores exactly what it stored the first time
+    before = snapshot(late.store, w.tenant)
+    assert late.history.rebuild(w.tenant) == 2
+    assert snapshot(late.store, w.tenant) == before
+
+    assert [r.kind for r in _apply(late, w, between, last)] == ["Applied"] * 2
+    assert late.history.warps == 1  # the rebuild: the updates sorted last
+    assert late.apply_replicated_message(w.tenant, again.message).kind == "Applied"
+    assert late.history.warps == 2 and late.history.replayed >= 2 + 4
+    assert snapshot(late.store, w.tenant) == snapshot(canonical.store, w.tenant)
+    for dwn in (canonical, late):
+        assert dwn.history.verify(w.tenant) == {"missing": [], "extra": [], "changed": [], "data": []}
+        assert dwn.store.usage(w.tenant) == usage_scanned(dwn)
+    # the updates dropped the write's data row: its bytes moved into its archive row
+    held = late.store.conn.execute("SELECT data, data_in FROM archive WHERE cid=?", (first.cid,)).fetchone()
+    assert held == (first.data, None)
+    if restricts:
+        # refused at its place: the write's data row went with its undo, none came back
+        assert not snapshot(late.store, w.tenant).data
+        assert not late.store.messages.has(w.tenant, first.cid)
+        return
+    # the state holds only the newest write's data; the archive still has every write's
+    assert {size for _, _, size in snapshot(late.store, w.tenant).data} == {42_000}
+    for dwn in (canonical, late):
+        for step in (first, between, last):
+            assert archived_data(dwn.store, w.tenant, step.cid) == (True, step.data)
+
+    # a compact undo whose data row is gone (behind the engine's back) is refused like a
+    # changeset conflict, and nothing changes
+    alone = Dwn(Store(tmp_path / "alone.db"))
+    _apply(alone, w, configure, first)
+    alone.store.conn.execute("DELETE FROM data WHERE tenant=?", (alone.store._tid(w.tenant),))
+    tampered = snapshot(alone.store, w.tenant)
+    with pytest.raises(apsw.AbortError):
+        alone.history.rebuild(w.tenant)
+    assert snapshot(alone.store, w.tenant) == tampered
+    assert tid == alone.store._tid(w.tenant)

@@ -30,7 +30,7 @@ from p2psync.state.committer import GroupCommitter
 from p2psync.state.digest import store_digest
 from p2psync.state.setindex import SetChange, SetDigest, SetIndex
 from tests.replication.histories import canonical_order, generate
-from tests.replication.support import admit_all, chat_world, process_all
+from tests.replication.support import admit_all, chat_world, process_all, undo_schema_7
 
 TENANTS = ["did:example:alice", "did:example:bob"]
 PROTOCOLS = [None, "https://example.com/a", "https://example.com/b"]
@@ -431,6 +431,7 @@ def downgrade_to_schema_2(store: Store) -> None:
     conn.execute("DROP TABLE set_journal")
     conn.execute("DROP TABLE set_digests")
     conn.execute("DELETE FROM meta WHERE key IN (?, ?)", (setindex.FLOOR_KEY, setindex.PRUNED_KEY))
+    undo_schema_7(conn)
     conn.execute("PRAGMA user_version=2")
 
 
@@ -445,7 +446,7 @@ def test_a_schema_2_store_gets_its_digests(tmp_path: Path) -> None:
     old.close()
 
     reopened = Store(path)
-    assert reopened.scalar("PRAGMA user_version") == SCHEMA_VERSION == 6
+    assert reopened.scalar("PRAGMA user_version") == SCHEMA_VERSION == 7
     index = SetIndex(reopened)
     assert index.pending() == messages  # every stored message journaled once, folded on first use
     assert index.digest(w.tenant) == SetDigest(*want[(w.tenant, "")])
