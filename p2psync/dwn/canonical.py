@@ -65,6 +65,7 @@ __all__ = [
     "archived_data",
     "archived_messages",
     "archived_record",
+    "archived_without_data",
     "Placement",
     "Process",
     "Footprint",
@@ -193,6 +194,23 @@ def _kept_data(store: Store, tid: int, data: Any, record_id: Any, data_in: Any) 
 _BY_STORED_CID_SQL: Final = (
     "SELECT sort_key, cid FROM archive WHERE tenant=? AND cid=? AND stored_cid=cid"
     " UNION ALL SELECT sort_key, cid FROM archive WHERE tenant=? AND stored_cid=? AND stored_cid IS NOT cid LIMIT 1"
+)
+
+
+def archived_without_data(store: Store, tenant: str, cids: Iterable[str]) -> set[str]:
+    """Those of ``cids`` admitted here without their data (a source that had dropped it sent
+    them so): held, but a peer that offers the data should still send it (``attach_data``)."""
+    tid = store.tenant_id(tenant, create=False)
+    if tid is None:
+        return set()
+    conn = store.conn
+    return {cid for cid in cids
+            if conn.execute(_WITHOUT_DATA_SQL, (tid, cid)).fetchone() is not None}
+
+
+_WITHOUT_DATA_SQL: Final = (
+    "SELECT 1 FROM archive WHERE tenant=? AND cid=? AND data IS NULL AND data_in IS NULL"
+    " AND json_extract(body, '$.descriptor.dataSize') > 0"
 )
 
 

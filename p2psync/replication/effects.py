@@ -303,10 +303,13 @@ class ReadOffered(StoreRequest):
 
 @dataclass(frozen=True, slots=True)
 class HeldMessages(StoreRequest):
-    """Which of these message CIDs the store holds (a set)."""
+    """Which of these message CIDs the store holds (a set). ``with_data``: those the peer
+    offers with data; one admitted here without its data is not held (it should come again
+    with it)."""
 
     tenant: str
     cids: tuple[str, ...]
+    with_data: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -381,7 +381,8 @@ class Sink:
             raise self.full
         held: set[str] = set()
         if listed:
-            held = yield HeldMessages(self.tenant, tuple(t.message_cid for t, _ in listed))
+            held = yield HeldMessages(self.tenant, tuple(t.message_cid for t, _ in listed),
+                                      tuple(t.message_cid for t, size in listed if size))
         statuses: list[int] = []
         for token, size in listed:
             if token.message_cid in held:

@@ -22,6 +22,7 @@ from typing import Any
 
 import apsw
 
+from p2psync.dwn.canonical import archived_without_data
 from p2psync.dwn.encoding import message_cid
 from p2psync.dwn.engine import Dwn
 from p2psync.dwn.errors import DwnError
@@ -301,7 +302,11 @@ class StoreService:
 
     def _held(self, request: fx.HeldMessages) -> set[str]:
         has = self.store.messages.has
-        return {cid for cid in request.cids if has(request.tenant, cid)}
+        held = {cid for cid in request.cids if has(request.tenant, cid)}
+        offered = held.intersection(request.with_data)
+        if offered:
+            held -= archived_without_data(self.store, request.tenant, offered)
+        return held
 
     def _quota_fit(self, request: fx.QuotaFit) -> tuple[int, QuotaExceeded | None]:
         if self.quotas is None:
