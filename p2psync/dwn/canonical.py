@@ -136,7 +136,10 @@ class Placement:
 
 def is_stateful(message: Any) -> bool:
     d = message.get("descriptor") if isinstance(message, dict) else None
-    return isinstance(d, dict) and (d.get("interface"), d.get("method")) in STATEFUL
+    if not isinstance(d, dict):
+        return False
+    interface, method = d.get("interface"), d.get("method")  # anything, before the integrity check
+    return isinstance(interface, str) and isinstance(method, str) and (interface, method) in STATEFUL
 
 
 def sort_key(message: Message, cid: str) -> str:

@@ -98,6 +98,59 @@ def json_compact(value: Any) -> str:
     return _COMPACT_ENCODER.encode(value)
 
 
+def in_dag_cbor_order(value: Any) -> Any:
+    """``value`` with every map's keys in DAG-CBOR's order (shorter first, then bytewise): the
+    order a message has when it comes over the wire, so a replica stores the same text whether
+    it authored a message or received it. Returns ``value`` itself when already in that order
+    (what a message decoded from the wire is), so facts kept about the object stay valid."""
+    if _in_dag_cbor_order(value):
+        return value  # the common case (every replicated message): checked without copying
+    return _reordered(value)
+
+
+def _in_dag_cbor_order(value: Any) -> bool:
+    """Whether every map of ``value`` is in DAG-CBOR key order (ASCII keys only; any other key
+    leaves the answer to :func:`_reordered`)."""
+    kind = type(value)
+    if kind is dict:
+        length, previous = -1, ""
+        for key, member in value.items():
+            if type(key) is not str or not key.isascii():
+                return False
+            n = len(key)
+            if n < length or (n == length and key <= previous):
+                return False
+            length, previous = n, key
+            if (type(member) is dict or type(member) is list) and not _in_dag_cbor_order(member):
+                return False
+        return True
+    if kind is list:
+        return all(_in_dag_cbor_order(member) for member in value if type(member) is dict or type(member) is list)
+    return True
+
+
+def _reordered(value: Any) -> Any:
+    if isinstance(value, dict):
+        items = [(key, _reordered(member)) for key, member in value.items()]
+        keys = [key for key, _ in items]
+        if not all(isinstance(key, str) for key in keys):
+            return value  # not a JSON object: the integrity checks refuse it
+        order = sorted(keys, key=_dag_cbor_key)
+        if order == keys and all(member is value[key] for key, member in items):
+            return value
+        members = dict(items)
+        return {key: members[key] for key in order}
+    if isinstance(value, list):
+        items_ = [_reordered(member) for member in value]
+        return value if all(a is b for a, b in zip(items_, value, strict=True)) else items_
+    return value
+
+
+def _dag_cbor_key(key: str) -> tuple[int, bytes]:
+    encoded = key.encode("utf-8")
+    return len(encoded), encoded
+
+
 def message_json(message: dict[str, Any]) -> str:
     """``json_compact(message)``, written once for the message being processed (its stored
     body and its archived body are the same text)."""

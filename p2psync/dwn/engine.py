@@ -15,6 +15,7 @@ import apsw
 
 from p2psync.dwn import memo, replicated, schemas
 from p2psync.dwn.canonical import History, is_stateful
+from p2psync.dwn.encoding import in_dag_cbor_order
 from p2psync.dwn.errors import DwnError
 from p2psync.dwn.handlers import messages_handlers, protocols, records
 from p2psync.dwn.replication_types import ReplicationApplyResult
@@ -99,7 +100,7 @@ class Dwn:
         ``cid``: the message's CID when the caller has already computed it from this very
         object (never a CID taken from the wire).
         """
-        return replicated.apply_replicated_message(self, tenant, message, data, cid=cid)
+        return replicated.apply_replicated_message(self, tenant, in_dag_cbor_order(message), data, cid=cid)
 
     def process_message(self, tenant: str, message: Any, data: bytes | None = None) -> Reply:
         """Process one message (with its data for a RecordsWrite) and answer like the reference.
@@ -108,6 +109,10 @@ class Dwn:
         its canonical place (p2psync/dwn/canonical.py); the answer is the reference's against
         the current state either way.
         """
+        if is_stateful(message):
+            # Stored as the wire carries it (DAG-CBOR key order): authored here or received,
+            # a message is the same text in every replica.
+            message = in_dag_cbor_order(message)
         with memo.processing(message):
             return self._process_message(tenant, message, data)
 

@@ -23,7 +23,7 @@ from typing import IO, Any, Final
 import apsw
 
 from p2psync.dwn import memo
-from p2psync.dwn.encoding import b64url_decode, message_cid
+from p2psync.dwn.encoding import b64url_decode, in_dag_cbor_order, message_cid
 from p2psync.dwn.engine import Dwn
 from p2psync.dwn.errors import DwnError
 from p2psync.dwn.replicated import apply_replicated_message_json
@@ -95,7 +95,7 @@ class PipeSession:
             return {"cid": None, "status": _status(400, f"PipeRequestInvalid: not JSON: {exc}")}
         if not isinstance(request, dict):
             return {"cid": None, "status": _status(400, "PipeRequestInvalid: a request is a JSON object")}
-        message = request.get("message")
+        message = in_dag_cbor_order(request.get("message"))  # as the engine stores it (same object then)
         # The engine derives the same CID again: keep it for the length of this request.
         with memo.processing(message):
             return self._handle(request, message)
