@@ -130,6 +130,7 @@ class NodeMetrics:
         self.antientropy_differences = {"local_lacks": 0, "remote_lacks": 0}
         self.checkpoint_rewinds = 0
         self.closure_missing: dict[str, int] = {}
+        self.closure_failures: dict[str, int] = {}
         self.apply_results: dict[str, int] = {}
         self.latency_buckets = [0] * (len(LATENCY_BUCKETS_MS) + 1)  # the last one is +Inf
         self.latency_sum_ms = 0.0
@@ -157,6 +158,9 @@ class NodeMetrics:
     def dependencies_missing(self, refs: Sequence[DependencyRef]) -> None:
         for ref in refs:
             self.closure_missing[ref.type] = self.closure_missing.get(ref.type, 0) + 1
+
+    def closure_failed(self, code: str) -> None:
+        self.closure_failures[code] = self.closure_failures.get(code, 0) + 1
 
     def push_refused(self, tenant: str, remote: str) -> None:
         self.pushes_refused += 1
@@ -236,6 +240,12 @@ class NodeMetrics:
         for cls, n in sorted(self.closure_missing.items()):
             missing.add_metric([cls], n)
         yield missing
+        failures = CounterMetricFamily(
+            "sync_closure_failures", "Closures that ended without a hard dependency, by strict-closure code.",
+            labels=["code"])
+        for code, n in sorted(self.closure_failures.items()):
+            failures.add_metric([code], n)
+        yield failures
         results = CounterMetricFamily("sync_apply_results", "Answered `rev`s by ReplicationApplyResult kind.",
                                       labels=["result"])
         for kind, n in sorted(self.apply_results.items()):

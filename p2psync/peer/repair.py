@@ -386,8 +386,9 @@ class _Repair:
             return MessageOutcome(cid, "refused", _invalid_code(result.reason), result.reason or None, dependencies)
         if outcome.status == "failed":
             # The root is fine as far as it goes, but a dependency is invalid or unreachable.
-            code = "DependencyInvalid" if outcome.failure == "invalid" else "DependencyUnreachable"
+            code = outcome.code or ("DependencyInvalid" if outcome.failure == "invalid" else "DependencyUnreachable")
             return MessageOutcome(cid, "refused", code, outcome.detail, dependencies)
-        # Incomplete: a dependency the peer could not give; Deferred: not now (storage, ...).
-        code = "DependencyUnresolved" if kind == "Incomplete" else "Deferred"
+        # Incomplete: a dependency the peer could not give (named by its closure code);
+        # Deferred: not now (storage, ...).
+        code = outcome.code or ("DependencyUnresolved" if kind == "Incomplete" else "Deferred")
         return MessageOutcome(cid, "deferred", code, outcome.detail or result.to_json().get("reason"), dependencies)

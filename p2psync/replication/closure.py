@@ -24,6 +24,13 @@ answers, so the same class runs
 It stops when nothing is pending (admitted), when a pass makes no progress (nothing new
 admitted, nothing new fetched: another pass would do exactly the same — deferred), or after
 :data:`MAX_ADMISSION_PASSES` passes (deferred, never failed).
+
+A closure that ends without a dependency it needs carries the strict-closure RFC's failure
+code (:data:`CLOSURE_FAILURE_CODES`: ``ClosureParentChainMissing`` for an unanswered
+``Parent`` ref, ...), the dependency and the entry that needed it, so a sink can say which
+hard dependency is missing, keep the root's token unapplied and move its link to
+``repairing``. A dependency the source withholds is ``ClosureDependencyForbidden``; an answer
+more than :data:`MAX_CLOSURE_DEPTH` dependency hops from the root is ``ClosureDepthExceeded``.
 """
 
 from __future__ import annotations
@@ -50,10 +57,14 @@ from p2psync.dwn.replication_types import (
 from p2psync.dwn.replication_types import Protocol as ProtocolRef
 
 __all__ = [
+    "CLOSURE_DEPTH_EXCEEDED",
+    "CLOSURE_FAILURE_CODES",
+    "CLOSURE_FORBIDDEN",
     "KEY_DELIVERY_PATH",
     "KEY_DELIVERY_PROTOCOLS",
     "MAX_ADMISSION_PASSES",
     "MAX_ANSWERS_PER_REF",
+    "MAX_CLOSURE_DEPTH",
     "MAX_CLOSURE_ENTRIES",
     "Applier",
     "ApplyRequest",
@@ -65,6 +76,8 @@ __all__ = [
     "ReplicationEntry",
     "Withheld",
     "answers_ref",
+    "closure_failure_code",
+    "describe_refs",
     "fetch_key",
 ]
 
@@ -82,6 +95,29 @@ MAX_ANSWERS_PER_REF: Final = 64
 #: (0.5.2 allows 10 levels) with roles and grants stays far below; ours, like the one above.
 MAX_CLOSURE_ENTRIES: Final = 4096
 
+#: Dependency hops from a root to the deepest answer a closure takes (the RFC's default bound).
+#: A 0.5.2 protocol nests at most 10 levels, so a well-formed closure stays far below.
+MAX_CLOSURE_DEPTH: Final = 32
+
+#: The strict-closure RFC's failure code for a dependency, by the type of the ref that asked
+#: for it. ``Role`` and ``RecordData`` are ours (the RFC lists role records under authorization
+#: closure without a code of their own, and record data is not an operation).
+CLOSURE_FAILURE_CODES: Final[dict[str, str]] = {
+    "Protocol": "ClosureProtocolMetadataMissing",
+    "InitialWrite": "ClosureInitialWriteMissing",
+    "Parent": "ClosureParentChainMissing",
+    "Ancestor": "ClosureContextChainMissing",
+    "Role": "ClosureRoleRecordMissing",
+    "Grant": "ClosureGrantMissing",
+    "KeyDelivery": "ClosureEncryptionDependencyMissing",
+    "CrossProtocolRef": "ClosureCrossProtocolReferenceMissing",
+    "RecordData": "ClosureRecordDataMissing",
+}
+#: A dependency the source holds and will not let this reader have (``withheld``).
+CLOSURE_FORBIDDEN: Final = "ClosureDependencyForbidden"
+#: An answer more than :data:`MAX_CLOSURE_DEPTH` hops from the root.
+CLOSURE_DEPTH_EXCEEDED: Final = "ClosureDepthExceeded"
+
 #: Protocols whose ``contextKey`` records deliver the keys of an encrypted context (the newer
 #: reference's key-delivery protocol, under its current and its earlier URI).
 KEY_DELIVERY_PROTOCOLS: Final = (
@@ -95,6 +131,11 @@ Message = dict[str, Any]
 
 class ClosureProtocolError(RuntimeError):
     """The admitter was fed an answer it did not ask for (a bug in the driver)."""
+
+
+def closure_failure_code(ref: DependencyRef) -> str:
+    """The RFC failure code of a dependency that could not be had."""
+    return CLOSURE_FAILURE_CODES.get(ref.type, "ClosureDependencyMissing")
 
 
 # --------------------------------------------------------------------------- entries
@@ -152,6 +193,10 @@ class ClosureOutcome:
     ``admitted``: the root and everything it needed are in the receiving store.
     ``deferred``: not now (a transient condition, an unreachable dependency, the budget).
     ``failed``: the root (or a dependency it needs) is invalid, or a dependency is terminal.
+
+    ``code`` is the strict-closure failure code when a hard dependency could not be had
+    (unanswered, terminal, withheld, or too deep), with ``dependency`` the first such ref (in
+    the order the engine named them) and ``needed_by`` the CID of the entry that needed it.
     """
 
     status: ClosureStatus
@@ -164,6 +209,9 @@ class ClosureOutcome:
     fetch_requests: int = 0
     refs_fetched: int = 0
     entries_fetched: int = 0
+    code: str | None = None
+    dependency: DependencyRef | None = None
+    needed_by: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -175,6 +223,12 @@ class ClosureOutcome:
             out["detail"] = self.detail
         if self.failure is not None:
             out["failure"] = self.failure
+        if self.code is not None:
+            out["code"] = self.code
+        if self.dependency is not None:
+            out["dependency"] = self.dependency.to_json()
+        if self.needed_by is not None:
+            out["neededBy"] = self.needed_by
         out["applied"] = list(self.applied)
         out["admitted"] = list(self.admitted)
         return out
@@ -314,9 +368,11 @@ class ClosureAdmitter:
         max_passes: int = MAX_ADMISSION_PASSES,
         max_entries: int = MAX_CLOSURE_ENTRIES,
         max_answers_per_ref: int = MAX_ANSWERS_PER_REF,
+        max_depth: int = MAX_CLOSURE_DEPTH,
     ) -> None:
         self.tenant = tenant
         self.root = root
+        self.max_depth = max_depth
         self.max_passes = max_passes
         self.max_entries = max_entries
         self.max_answers_per_ref = max_answers_per_ref
@@ -395,9 +451,28 @@ class ClosureAdmitter:
             self._machine.close()
         return self._request
 
+    def _code_of(self, ref: DependencyRef) -> str:
+        """The failure code of ``ref`` as the root sees it: a record of the root's own context
+        chain is its parent (``ClosureParentChainMissing``) or a further ancestor
+        (``ClosureContextChainMissing``), whichever entry of the closure asked for it."""
+        if isinstance(ref, InitialWrite | Parent | Ancestor):
+            message = self.root.message if isinstance(self.root.message, dict) else {}
+            descriptor = message.get("descriptor")
+            parent = descriptor.get("parentId") if isinstance(descriptor, dict) else None
+            context = message.get("contextId")
+            chain = context.split("/")[:-1] if isinstance(context, str) else []
+            if ref.record_id == parent:
+                return CLOSURE_FAILURE_CODES["Parent"]
+            if ref.record_id in chain:
+                return CLOSURE_FAILURE_CODES["Ancestor"]
+        return closure_failure_code(ref)
+
     def _outcome(
-        self, status: ClosureStatus, detail: str | None = None, failure: Literal["invalid", "terminal"] | None = None
+        self, status: ClosureStatus, detail: str | None = None, failure: Literal["invalid", "terminal"] | None = None,
+        *, missing: tuple[str, DependencyRef, str] | None = None,
     ) -> ClosureOutcome:
+        """The closure's end; ``missing``: (code, dependency, CID of the entry that needed it)."""
+        code, dependency, needed_by = missing if missing is not None else (None, None, None)
         return ClosureOutcome(
             status=status,
             root_cid=self.root.cid,
@@ -409,6 +484,9 @@ class ClosureAdmitter:
             fetch_requests=self._fetch_requests,
             refs_fetched=self._refs_fetched,
             entries_fetched=self._entries_fetched,
+            code=code,
+            dependency=dependency,
+            needed_by=needed_by,
         )
 
     def _run(self) -> Generator[Request, Any, None]:
@@ -439,7 +517,9 @@ class ClosureAdmitter:
             pending = requeued
             if not (admitted_new or fetched_new):
                 stuck, refs = incomplete[0]
-                yield self._outcome("deferred", f"{stuck.cid}: no progress: {describe_refs(refs)}")
+                code = self._code_of(refs[0]) if refs else "ClosureDependencyMissing"
+                yield self._outcome("deferred", f"{code}: {stuck.cid}: no progress: {describe_refs(refs)}",
+                                    missing=(code, refs[0], stuck.cid) if refs else None)
                 return
 
     def _apply_pass(
@@ -488,7 +568,9 @@ class ClosureAdmitter:
         if kind == "Incomplete":
             terminal = [ref for ref in result.missing if ref.terminal]
             if terminal:
-                return self._outcome("failed", f"{entry.cid}: unreachable {describe_refs(terminal)}", "terminal")
+                code = self._code_of(terminal[0])
+                return self._outcome("failed", f"{code}: {entry.cid}: unreachable {describe_refs(terminal)}",
+                                     "terminal", missing=(code, terminal[0], entry.cid))
             missing: _MissingRefs = result.missing
             return missing
         # A result the loop does not know: not ours to guess.
@@ -557,9 +639,21 @@ class ClosureAdmitter:
             if not answers_for_entry:
                 refused = [ref for ref in missing if fetch_key(ref) in fetched.forbidden]
                 if refused:
-                    detail = f"ClosureDependencyForbidden: {entry.cid}: withheld {describe_refs(refused)}"
-                    return self._outcome("failed", detail, "terminal")
-                return self._outcome("deferred", f"{entry.cid}: unresolved {describe_refs(missing)}")
+                    detail = f"{CLOSURE_FORBIDDEN}: {entry.cid}: withheld {describe_refs(refused)}"
+                    return self._outcome("failed", detail, "terminal",
+                                         missing=(CLOSURE_FORBIDDEN, refused[0], entry.cid))
+                first = missing[0] if missing else None
+                code = self._code_of(first) if first is not None else "ClosureDependencyMissing"
+                return self._outcome("deferred", f"{code}: {entry.cid}: unresolved {describe_refs(missing)}",
+                                     missing=(code, first, entry.cid) if first is not None else None)
+            depth = fetched.depth.get(entry.cid, 0) + 1
+            for answer in answers_for_entry:
+                if answer.cid not in fetched.depth:
+                    fetched.depth[answer.cid] = depth
+            if depth > self.max_depth:
+                detail = f"{CLOSURE_DEPTH_EXCEEDED}: {entry.cid}: a dependency {depth} hops from the root"
+                return self._outcome("failed", detail, "terminal",
+                                     missing=(CLOSURE_DEPTH_EXCEEDED, missing[0], entry.cid))
             retry.extend(e for e in answers_for_entry if e.cid not in self._admitted)
             retry.append(_with_fetched_data(entry, missing, fetched.cache))
         return _dedupe(retry)
@@ -585,6 +679,7 @@ class _FetchedRefs:
     known: set[str]  # CIDs of the root and of every accepted answer (bounded by max_entries)
     cache: dict[tuple[str, ...], tuple[ReplicationEntry, ...]] = field(default_factory=dict)
     forbidden: set[tuple[str, ...]] = field(default_factory=set)  # refs the source withheld (see Withheld)
+    depth: dict[str, int] = field(default_factory=dict)  # hops from the root to each answer, first seen
 
 
 def _with_fetched_data(

@@ -34,6 +34,11 @@ class SyncObserver(Protocol):
         """The closure loop asks the source for these dependencies (they are not here)."""
         ...
 
+    def closure_failed(self, code: str) -> None:
+        """A closure ended without a hard dependency it needs (``code``: the strict-closure
+        RFC's, e.g. ``ClosureParentChainMissing``); its root stays unapplied."""
+        ...
+
     def push_refused(self, tenant: str, remote: str) -> None:
         """A push (``proposeChanges``, a take, grants brought in ``getCollections``) for a tenant
         this peer does not store was refused (``403 PushRefused``)."""
@@ -62,6 +67,9 @@ class NoObserver:
         return None
 
     def dependencies_missing(self, refs: Sequence[DependencyRef]) -> None:
+        return None
+
+    def closure_failed(self, code: str) -> None:
         return None
 
     def push_refused(self, tenant: str, remote: str) -> None:

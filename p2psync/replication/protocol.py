@@ -938,6 +938,7 @@ class ReplicationProtocol:
         sink = self.sinks[index]
         entry = yield from sink.entry_of(obj)
         result, outcome, ticket = yield from sink.admit(entry)
+        sink.closure_failures.pop(entry.cid, None)  # a repair reports the outcome itself
         if ticket is not None:
             yield from durable(ticket)
         return entry, result, outcome

@@ -37,6 +37,7 @@ from p2psync.replication.closure import (
     ClosureOutcome,
     ReplicationEntry,
     Withheld,
+    describe_refs,
 )
 from p2psync.replication.effects import (
     Apply,
@@ -56,7 +57,7 @@ from p2psync.replication.effects import (
     Transition,
 )
 from p2psync.replication.observer import SyncObserver
-from p2psync.replication.stats import NOT_APPLIED_KINDS, NotApplied, NotAppliedLog, SyncStats
+from p2psync.replication.stats import MAX_REASON, NOT_APPLIED_KINDS, NotApplied, NotAppliedLog, SyncStats
 from p2psync.replication.window import ProgressWindow, WindowItem
 from p2psync.replication.wire import (
     DEFAULT_MAX_DATA,
@@ -148,6 +149,9 @@ class Sink:
         #: `rev`s this feed applied with a result that did not settle them (``Incomplete``,
         #: ``Deferred``): their tokens stay unapplied, and the link is not ``live``
         self.unsettled = 0
+        #: closures that failed for want of a hard dependency, by root CID, until their root's
+        #: result is taken (:meth:`_take_result`)
+        self.closure_failures: dict[str, ClosureOutcome] = {}
         #: fired on every change of the window (listing, outcome, failure)
         self.changed = host.signal()
         #: called on every change too (progress reports, the stall watchdog)
@@ -220,12 +224,17 @@ class Sink:
     def _count(self, kind: str, n: int = 1) -> None:
         self.stats.results[kind] = self.stats.results.get(kind, 0) + n
 
-    def note_result(self, cid: str, result: ReplicationApplyResult) -> None:
-        """Keep a message that did not apply (Invalid, Incomplete) in this sync's stats and the
-        peer's log, with a line on the log (``-v``)."""
-        if result.kind not in NOT_APPLIED_KINDS:
+    def note_result(self, cid: str, result: ReplicationApplyResult, failure: ClosureOutcome | None = None) -> None:
+        """Keep a message that did not apply (Invalid, Incomplete, or a closure that failed) in
+        this sync's stats and the peer's log, with a line on the log (``-v``)."""
+        entry: NotApplied | None
+        if failure is not None and failure.code is not None:
+            entry = NotApplied(cid, self.tenant, result.kind, failure.code, (failure.detail or "")[:MAX_REASON],
+                               "here", self.host.remote_store_id)
+        elif result.kind not in NOT_APPLIED_KINDS:
             return
-        entry = NotApplied.of(cid, self.tenant, result.to_json(), peer=self.host.remote_store_id)
+        else:
+            entry = NotApplied.of(cid, self.tenant, result.to_json(), peer=self.host.remote_store_id)
         if entry is not None:
             self.stats.not_applied.add(entry)
             self.host.not_applied.add(entry)
@@ -363,7 +372,20 @@ class Sink:
         final: ReplicationApplyResult = root if root is not None else Deferred("storage")
         if outcome.status == "deferred" and final.kind in SETTLING_KINDS:
             final = Deferred("storage")  # the root settled but the closure did not: retry later
+        if outcome.code is not None and final.kind not in SETTLING_KINDS:
+            self._closure_failed(entry.cid, outcome)
         return final, outcome, ticket
+
+    def _closure_failed(self, cid: str, outcome: ClosureOutcome) -> None:
+        """A hard dependency of ``cid`` could not be had: say which (the RFC's diagnostics:
+        root, dependency class, the dependency, the code) and keep the outcome for the result
+        this root is counted with (:meth:`_take_result`: the link's ``repairing`` code)."""
+        self.closure_failures[cid] = outcome
+        self.host.observer.closure_failed(outcome.code or "")
+        dependency = outcome.dependency
+        log.warning("collection %d: closure of %s incomplete: %s (%s %s, needed by %s); it stays unapplied",
+                    self.index, cid, outcome.code, dependency.type if dependency is not None else "-",
+                    describe_refs([dependency]) if dependency is not None else "-", outcome.needed_by)
 
     # -- listing: `changes` (pull) and `proposeChanges` (push) ------------------------------
 
@@ -604,14 +626,17 @@ class Sink:
 
     def _take_result(self, cid: str, result: ReplicationApplyResult) -> bool:
         """Count a message's final result (and name it if it did not apply); returns whether it
-        settles its token (§11)."""
+        settles its token (§11). A closure that failed for want of a hard dependency names the
+        link's ``repairing`` by its code (``ClosureParentChainMissing``, ...)."""
         self._count(result.kind)
-        self.note_result(cid, result)
+        failure = self.closure_failures.pop(cid, None)
+        self.note_result(cid, result, failure)
         settled = result.kind in SETTLING_KINDS
         if not settled:
             self.unsettled += 1
             if self.key is not None:
-                self.host.store_later(unsettled_transition(self.key, self.direction, result.kind))
+                code = failure.code if failure is not None and failure.code is not None else result.kind
+                self.host.store_later(unsettled_transition(self.key, self.direction, code))
         if result.kind == "Applied":
             self.stats.revs_applied += 1
         if settled:

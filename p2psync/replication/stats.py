@@ -7,8 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, Final, Literal
 
-__all__ = ["MAX_NOT_APPLIED", "NOT_APPLIED_KINDS", "NotApplied", "NotAppliedLog", "SyncProgress", "SyncStats",
-           "SyncSummary"]
+__all__ = ["MAX_NOT_APPLIED", "MAX_REASON", "NOT_APPLIED_KINDS", "NotApplied", "NotAppliedLog", "SyncProgress",
+           "SyncStats", "SyncSummary"]
 
 #: How many messages that did not apply a summary or a status names one by one (the latest
 #: ones: a user fixing a cause looks at the newest); past that they are only counted. Ours: a
@@ -22,7 +22,9 @@ NOT_APPLIED_KINDS: Final = frozenset({"Invalid", "Incomplete"})
 # A reason that starts with a DWN error code ("RecordsWriteSignatureInvalid: ...") names it.
 _CODE: Final = re.compile(r"([A-Z][A-Za-z0-9]+):")
 # A reason comes from the peer (a push's answer); keep a line of it.
-_MAX_REASON: Final = 300
+#: Characters of a reason kept in a not-applied record.
+MAX_REASON: Final = 300
+_MAX_REASON: Final = MAX_REASON
 
 
 @dataclass(frozen=True)

@@ -170,7 +170,9 @@ async def test_unanswerable_dependency_defers(source: Dwn, replica: Dwn) -> None
         LocalApplier(replica), LocalStoreFetcher(source.store)
     )
     assert outcome.status == "deferred"
-    assert outcome.detail == f"{w.steps['thread'].cid}: unresolved Protocol(protocol={CHAT})"
+    thread = w.steps["thread"].cid
+    assert outcome.detail == f"ClosureProtocolMetadataMissing: {thread}: unresolved Protocol(protocol={CHAT})"
+    assert outcome.code == "ClosureProtocolMetadataMissing" and outcome.needed_by == w.steps["thread"].cid
     assert outcome.passes == 1
 
 
@@ -252,11 +254,14 @@ class Endless:
 async def test_pass_budget_defers_never_fails() -> None:
     w = chat_world()
     endless = Endless()
-    outcome = await ClosureAdmitter(w.tenant, w.steps["thread"].entry).admit(endless, endless)
+    # (An endless chain is deeper than the depth bound first: lifted here to reach the passes.)
+    outcome = await ClosureAdmitter(w.tenant, w.steps["thread"].entry, max_depth=10**6).admit(endless, endless)
     assert (outcome.status, outcome.passes) == ("deferred", MAX_ADMISSION_PASSES)
     assert outcome.detail == f"pass budget of {MAX_ADMISSION_PASSES} exhausted"
     small = await ClosureAdmitter(w.tenant, w.steps["thread"].entry, max_passes=3).admit(Endless(), Endless())
     assert (small.status, small.passes) == ("deferred", 3)
+    deep = await ClosureAdmitter(w.tenant, w.steps["thread"].entry).admit(Endless(), Endless())
+    assert (deep.status, deep.code) == ("failed", "ClosureDepthExceeded")
 
 
 async def test_closure_size_is_bounded() -> None:

@@ -1,0 +1,226 @@
+"""Strict closure (issue #18): a hard dependency the source cannot give is a typed failure, never
+a silent omission.
+
+One case per dependency class 0.5.2 has: the source holds a scoped replica's root but the
+dependency is removed from it (state, archive and log), a subset pull over the protocol (real
+SQLite stores, the no-socket pump of test_protocol_pump) must leave the root unapplied with the
+strict-closure RFC's code, the link ``repairing`` under that code, and the pull checkpoint before
+the root; once the source has the dependency again, the next round heals: the root applies, the
+link is ``live`` and the checkpoint reaches the source's head. Withheld dependencies and the depth
+bound are driven through the closure admitter itself (tests/replication/test_closure.py covers
+withholding over the wire).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from p2psync.dwn.engine import Dwn
+from p2psync.dwn.replication_types import Applied, Incomplete, Parent
+from p2psync.dwn.store import Store
+from p2psync.replication.closure import (
+    CLOSURE_DEPTH_EXCEEDED,
+    CLOSURE_FAILURE_CODES,
+    CLOSURE_FORBIDDEN,
+    ApplyRequest,
+    ClosureAdmitter,
+    FetchRequest,
+    ReplicationEntry,
+    Withheld,
+)
+from p2psync.replication.scope import SyncScope
+from p2psync.state.authz import ReadAuthorizer
+from p2psync.state.copies import store_id
+from p2psync.state.ledger import Direction, LinkState
+from tests.replication.support import CHAT, ChatWorld, chat_world, grant_world, process_all
+from tests.replication.test_protocol_pump import Side, Wire, run
+from tests.replication.test_scenarios_over_the_wire import _side
+
+
+@dataclass(frozen=True)
+class Case:
+    world: Callable[[], ChatWorld]
+    removed: str  # the step taken away from the source
+    root: str  # the in-scope step whose closure needs it
+    paths: tuple[str, ...]  # the subset scope's protocolPathPrefixes
+    code: str
+
+
+def _chat_without_delete() -> ChatWorld:
+    w = chat_world()
+    del w.steps["note-delete"]  # the note keeps its update
+    return w
+
+
+CASES = {
+    "protocol": Case(chat_world, "protocol", "chat", ("thread/chat",), "ClosureProtocolMetadataMissing"),
+    "initial-write": Case(_chat_without_delete, "note", "note-update", ("note",), "ClosureInitialWriteMissing"),
+    "parent": Case(chat_world, "thread", "chat", ("thread/chat",), "ClosureParentChainMissing"),
+    "context": Case(chat_world, "thread", "reaction", ("thread/chat/reaction",), "ClosureContextChainMissing"),
+    "role": Case(chat_world, "participant", "chat", ("thread/chat",), "ClosureRoleRecordMissing"),
+    "grant": Case(grant_world, "grant", "granted-note", ("note",), "ClosureGrantMissing"),
+}
+
+
+@pytest.fixture(autouse=True)
+def _peer_reads_as_owner(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The worlds' tenant signs with a key the pump's hello identity is not: the source takes the
+    # authenticated peer for the tenant (authorization is tested in test_authz.py).
+    as_owner = ReadAuthorizer.reader
+    monkeypatch.setattr(ReadAuthorizer, "reader",
+                        lambda self, tenant, _reader, scope: as_owner(self, tenant, tenant, scope))
+
+
+_TABLES = ("messages", "archive", "events")
+
+
+def _remove(store: Store, tenant: str, cid: str) -> dict[str, list[tuple[Any, ...]]]:
+    """Take a message out of a store completely (its state row, its archive row, its log entry,
+    as a source that never had it); returns the rows, for :func:`_restore`."""
+    tid = store.tenant_id(tenant, create=False)
+    saved: dict[str, list[tuple[Any, ...]]] = {}
+    with store.conn:
+        for table in _TABLES:
+            cursor = store.conn.execute(f"SELECT * FROM {table} WHERE tenant=? AND cid=?", (tid, cid))  # noqa: S608
+            saved[table] = [tuple(row) for row in cursor]
+            store.conn.execute(f"DELETE FROM {table} WHERE tenant=? AND cid=?", (tid, cid))  # noqa: S608
+    assert saved["messages"] and saved["events"]
+    return saved
+
+
+def _restore(path: Path, saved: dict[str, list[tuple[Any, ...]]]) -> None:
+    """Put the rows :func:`_remove` took back where they were (the source has the message again)."""
+    store = Store(path)
+    with store.conn:
+        for table in _TABLES:
+            for row in saved[table]:
+                marks = ", ".join("?" * len(row))
+                store.conn.execute(f"INSERT INTO {table} VALUES ({marks})", row)  # noqa: S608
+    store.close()
+
+
+def _round(source: Side, replica: Side, tenant: str, scope: SyncScope, seed: int) -> tuple[Any, dict[str, Any]]:
+    """One sync round (pull) of ``scope`` on a fresh connection; returns (round, totals)."""
+    for side in (source, replica):
+        side.proto = type(side.proto)(identity=side.proto.identity, mine=side.proto.mine, active=side.proto.active)
+    wire = Wire(source, replica, random.Random(seed))
+    source.proto.start_hello()
+    run(wire, replica.proto.start_hello())
+    totals: dict[str, Any] = {}
+    operation, round_ = replica.proto.sync(tenant=tenant, scope=scope, local_store_id=store_id(replica.store),
+                                           pull=True, push=False, batch=2, totals=totals)
+    run(wire, operation)
+    return round_, totals
+
+
+def _position(store: Store, tenant: str, cid: str) -> int:
+    position = store.events.position_of(tenant, cid)
+    assert position is not None
+    return position
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_missing_hard_dependency_is_a_typed_failure_until_the_source_has_it(tmp_path: Path, name: str) -> None:
+    case = CASES[name]
+    w = case.world()
+    tenant = w.tenant
+    source_dwn = Dwn(Store(tmp_path / "source.db"))
+    process_all(source_dwn, tenant, w.ordered())
+    removed = w.steps[case.removed]
+    saved = _remove(source_dwn.store, tenant, removed.cid)
+    source_dwn.close()
+    source = _side(tmp_path / "source.db", "source", active=False, capabilities=("revs",))
+    replica = _side(tmp_path / "replica.db", "replica", active=True, capabilities=("revs",))
+    scope = SyncScope.subset(CHAT, case.paths)
+    root = w.steps[case.root]
+
+    round_, totals = _round(source, replica, tenant, scope, seed=1)
+    ledger = replica.service.ledger
+    assert not replica.store.messages.has(tenant, root.cid)
+    failed = {entry.message_cid: entry for entry in totals["pull"].not_applied.last}
+    assert failed[root.cid].code == case.code, failed[root.cid]
+    # The reason names the code, the entry that needed the dependency, and the dependency.
+    assert failed[root.cid].reason.startswith(f"{case.code}: bafy"), failed[root.cid].reason
+    assert removed.cid not in replica.store.messages.cids(tenant)
+    link = ledger.link(round_.key)
+    assert link.state == LinkState.REPAIRING
+    codes = [t.error_code for t in ledger.transitions(round_.key) if t.state_to == LinkState.REPAIRING]
+    assert codes and codes[0] in CLOSURE_FAILURE_CODES.values(), codes
+    checkpoint, _ = ledger.get_checkpoint(round_.key, Direction.PULL)
+    frontier = checkpoint.contiguous_applied_token
+    assert frontier is None or frontier.position < _position(source.store, tenant, root.cid)
+
+    # The source gets the dependency back (another replica gave it, a restore): the next round heals.
+    source.store.close()
+    _restore(tmp_path / "source.db", saved)
+    source = _side(tmp_path / "source.db", "source", active=False, capabilities=("revs",))
+    round_, totals = _round(source, replica, tenant, scope, seed=2)
+    assert replica.store.messages.has(tenant, root.cid)
+    assert ledger.link(round_.key).state == LinkState.LIVE
+    checkpoint, _ = ledger.get_checkpoint(round_.key, Direction.PULL)
+    head = source.store.events.read(tenant, after=-1, limit=10_000)[-1][0]
+    assert checkpoint.contiguous_applied_token is not None and checkpoint.contiguous_applied_token.position == head
+    assert not checkpoint.unapplied_tokens
+    for side in (source, replica):
+        side.store.close()
+
+
+# --------------------------------------------------------------------------- the admitter alone
+
+
+def _drive(admitter: ClosureAdmitter, apply: Callable[[ReplicationEntry], Any],
+           fetch: Callable[[FetchRequest], Any]) -> Any:
+    request = admitter.request
+    while isinstance(request, ApplyRequest | FetchRequest):
+        if isinstance(request, ApplyRequest):
+            request = admitter.receive_apply(apply(request.entry))
+        else:
+            request = admitter.receive_fetch(fetch(request))
+    return request
+
+
+def _record(name: str) -> ReplicationEntry:
+    return ReplicationEntry({"recordId": name, "descriptor": {"interface": "Records", "method": "Write",
+                                                            "protocol": CHAT, "dataCid": name}})
+
+
+def test_a_withheld_dependency_is_closure_dependency_forbidden() -> None:
+    root = _record("root")
+    outcome = _drive(
+        ClosureAdmitter("did:example:t", root),
+        lambda entry: Incomplete((Parent(record_id="parent", protocol=CHAT),)),
+        lambda request: [Withheld(()) for _ in request.refs],
+    )
+    assert (outcome.status, outcome.code, outcome.needed_by) == ("failed", CLOSURE_FORBIDDEN, root.cid)
+    assert outcome.dependency == Parent(record_id="parent", protocol=CHAT)
+
+
+@pytest.mark.parametrize(("chain", "code"), [(32, None), (33, CLOSURE_DEPTH_EXCEEDED)])
+def test_a_closure_deeper_than_32_hops_fails_deterministically(chain: int, code: str | None) -> None:
+    """Record i needs record i+1 up to ``chain`` hops from the root; the last needs nothing."""
+    names = [f"r{i}" for i in range(chain + 1)]
+    entries = {name: _record(name) for name in names}
+    held: set[str] = set()
+
+    def apply(entry: ReplicationEntry) -> Any:
+        i = names.index(entry.message["recordId"])
+        if i == chain or names[i + 1] in held:
+            held.add(names[i])
+            return Applied()
+        return Incomplete((Parent(record_id=names[i + 1], protocol=CHAT),))
+
+    def fetch(request: FetchRequest) -> Any:
+        return [[entries[ref.record_id]] for ref in request.refs]  # type: ignore[attr-defined]
+
+    outcome = _drive(ClosureAdmitter("did:example:t", entries["r0"]), apply, fetch)
+    if code is None:
+        assert outcome.status == "admitted" and len(held) == chain + 1
+    else:
+        assert (outcome.status, outcome.code) == ("failed", code)
+        assert "r0" not in held
