@@ -42,6 +42,7 @@ from typing import Any, Final, Literal, Protocol, TypeAlias
 
 from p2psync.dwn.datacid import data_cid as compute_data_cid
 from p2psync.dwn.encoding import message_cid
+from p2psync.dwn.permissions import GRANT_PATH, PERMISSIONS_PROTOCOL_URI, REVOCATION_PATH
 from p2psync.dwn.replication_types import (
     Ancestor,
     CrossProtocolRef,
@@ -77,6 +78,7 @@ __all__ = [
     "Withheld",
     "answers_ref",
     "closure_failure_code",
+    "closure_operation_code",
     "describe_refs",
     "fetch_key",
 ]
@@ -136,6 +138,29 @@ class ClosureProtocolError(RuntimeError):
 def closure_failure_code(ref: DependencyRef) -> str:
     """The RFC failure code of a dependency that could not be had."""
     return CLOSURE_FAILURE_CODES.get(ref.type, "ClosureDependencyMissing")
+
+
+def closure_operation_code(message: Any) -> str | None:
+    """The failure code of a *closure operation* a scoped source listed (one outside the intent
+    scope, listed because in-scope state depends on it: a protocol's configure, a grant or its
+    revocation, a role record) whose own closure could not be completed: what the replica then
+    lacks is that operation, so its class names the failure (a revocation that cannot be
+    admitted is ``ClosureGrantRevocationMissing``, whatever it was itself missing). None for
+    a message of no such class (and for a RecordsDelete, whose class its message alone does
+    not tell: its own dependency's code stands)."""
+    descriptor = message.get("descriptor") if isinstance(message, dict) else None
+    if not isinstance(descriptor, dict):
+        return None
+    if _is(descriptor, "Protocols", "Configure"):
+        return CLOSURE_FAILURE_CODES["Protocol"]
+    if not _is(descriptor, "Records", "Write"):
+        return None
+    if descriptor.get("protocol") == PERMISSIONS_PROTOCOL_URI:
+        path = descriptor.get("protocolPath")
+        if path == REVOCATION_PATH:
+            return "ClosureGrantRevocationMissing"
+        return CLOSURE_FAILURE_CODES["Grant"] if path == GRANT_PATH else None
+    return CLOSURE_FAILURE_CODES["Role"]  # a record of the protocol outside the intent: a role record
 
 
 # --------------------------------------------------------------------------- entries

@@ -353,7 +353,8 @@ class ReplicationProtocol:
         operation ends when caught up and drained (its result: the source's latest position or
         None); with ``continuous`` the sink goes on taking the feed after that."""
         coll = self._collection_at(index)
-        sink = Sink(self, index, coll.tenant, key=key, since=since, max_data=self.max_data, direction=direction)
+        sink = Sink(self, index, coll.tenant, key=key, since=since, max_data=self.max_data, direction=direction,
+                    scope=coll.scope)
         sink.on_progress = on_progress
         self.sinks[index] = sink
         return self._command(self._pull(sink, since, batch, continuous), "pull"), sink
@@ -800,7 +801,8 @@ class ReplicationProtocol:
         self._refuse_push_for(coll.tenant)
         sink = self.sinks.get(index)
         if sink is None:
-            sink = self.sinks[index] = Sink(self, index, coll.tenant, key=None, max_data=self.max_data)
+            sink = self.sinks[index] = Sink(self, index, coll.tenant, key=None, max_data=self.max_data,
+                                                  scope=coll.scope)
         sink.payer = yield from self._payer(coll)
         statuses = yield from sink.on_listing(decode_body(body), pull=False)
         return SendReply(0, {}, encode_body(statuses), urgent=True)
@@ -1088,7 +1090,8 @@ class ReplicationProtocol:
     def repair_sink(self, index: int) -> Sink:
         """A sink for collection ``index`` that keeps no tokens (a repair's admits)."""
         coll = self._collection_at(index)
-        sink = self.sinks[index] = Sink(self, index, coll.tenant, key=None, max_data=self.max_data)
+        sink = self.sinks[index] = Sink(self, index, coll.tenant, key=None, max_data=self.max_data,
+                                                  scope=coll.scope)
         return sink
 
 

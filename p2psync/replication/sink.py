@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Generator
+from dataclasses import replace
 from typing import Any, Final, Protocol
 
 from p2psync.dwn.datacid import data_cid
@@ -37,6 +38,7 @@ from p2psync.replication.closure import (
     ClosureOutcome,
     ReplicationEntry,
     Withheld,
+    closure_operation_code,
     describe_refs,
 )
 from p2psync.replication.effects import (
@@ -57,6 +59,7 @@ from p2psync.replication.effects import (
     Transition,
 )
 from p2psync.replication.observer import SyncObserver
+from p2psync.replication.scope import SyncScope, SyncScopeUndecidable
 from p2psync.replication.stats import MAX_REASON, NOT_APPLIED_KINDS, NotApplied, NotAppliedLog, SyncStats
 from p2psync.replication.window import ProgressWindow, WindowItem
 from p2psync.replication.wire import (
@@ -133,10 +136,14 @@ class Sink:
         since: ProgressToken | None = None,
         max_data: int = DEFAULT_MAX_DATA,
         direction: Any = None,
+        scope: SyncScope | None = None,
     ) -> None:
         self.host = host
         self.index = index
         self.tenant = tenant
+        #: the collection's scope: a failed closure of a message outside its intent (a closure
+        #: operation the source listed) is named by that operation's class
+        self.scope = scope
         self.key = key
         self.direction = direction
         self.domain = None if since is None else since.domain
@@ -373,13 +380,19 @@ class Sink:
         if outcome.status == "deferred" and final.kind in SETTLING_KINDS:
             final = Deferred("storage")  # the root settled but the closure did not: retry later
         if outcome.code is not None and final.kind not in SETTLING_KINDS:
-            self._closure_failed(entry.cid, outcome)
+            self._closure_failed(entry, outcome)
         return final, outcome, ticket
 
-    def _closure_failed(self, cid: str, outcome: ClosureOutcome) -> None:
+    def _closure_failed(self, entry: ReplicationEntry, outcome: ClosureOutcome) -> None:
         """A hard dependency of ``cid`` could not be had: say which (the RFC's diagnostics:
         root, dependency class, the dependency, the code) and keep the outcome for the result
         this root is counted with (:meth:`_take_result`: the link's ``repairing`` code)."""
+        cid = entry.cid
+        if self.scope is not None and self.scope.kind != "global" and not _in_intent(self.scope, entry.message):
+            code = closure_operation_code(entry.message)
+            if code is not None and code != outcome.code:
+                outcome = replace(outcome, code=code, detail=f"{code}: {cid} is a closure operation of the scope; "
+                                                             f"{outcome.detail}")
         self.closure_failures[cid] = outcome
         self.host.observer.closure_failed(outcome.code or "")
         dependency = outcome.dependency
@@ -867,6 +880,15 @@ class _RevsMember:
         #: the refusal is counted under its name in the stats (an entry that did not read)
         self.counted = False
         self.fetch: Any = None
+
+
+def _in_intent(scope: SyncScope, message: Any) -> bool:
+    """Whether ``message`` is in ``scope``'s intent; a message the scope cannot decide from the
+    message alone (a RecordsDelete) counts as in it."""
+    try:
+        return not isinstance(message, dict) or scope.matches(message)
+    except (SyncScopeUndecidable, AttributeError, TypeError):
+        return True
 
 
 def unsettled_transition(key: Any, direction: Any, kind: str) -> Transition:

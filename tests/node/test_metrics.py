@@ -37,6 +37,9 @@ def test_hooks_ledger_events_and_exposition(tmp_path: Path) -> None:
     metrics.dependencies_missing([InitialWrite(record_id="r1"), Parent(record_id="p", protocol="https://x.org/p"),
                                   InitialWrite(record_id="r2")])
     metrics.dependencies_missing([Grant(permission_grant_id="g")])
+    metrics.closure_failed("ClosureParentChainMissing")
+    metrics.closure_failed("ClosureParentChainMissing")
+    metrics.closure_failed("ClosureDependencyForbidden")
     link = ledger.open_link(TENANT, REMOTE, SyncScope.for_protocol("https://example.org/notes"))
     ledger.transition(link.key, LinkState.REPAIRING, reason="progress_gap")
     ledger.transition(link.key, LinkState.LIVE, reason="caught_up")
@@ -66,6 +69,8 @@ def test_hooks_ledger_events_and_exposition(tmp_path: Path) -> None:
     assert abs(total - 30.5) < 1e-6
     assert dict((s["class"], v) for s, v in samples["sync_closure_missing_total"]) == {
         "Grant": 1, "InitialWrite": 2, "Parent": 1}
+    assert dict((s["code"], v) for s, v in samples["sync_closure_failures_total"]) == {
+        "ClosureDependencyForbidden": 1, "ClosureParentChainMissing": 2}
     repairs = {s["reason"]: v for s, v in samples["sync_gap_repairs_total"]}
     # A gap counted once, by the ledger; a first sync's reconciliation by the round.
     assert repairs == {**dict.fromkeys(GAP_REASONS, 0.0), "progress_gap": 2.0, "never_linked": 1.0}
