@@ -40,6 +40,7 @@ from p2psync.replication.closure import (
     Withheld,
     closure_operation_code,
     describe_refs,
+    fetch_key,
 )
 from p2psync.replication.effects import (
     Apply,
@@ -159,6 +160,8 @@ class Sink:
         #: closures that failed for want of a hard dependency, by root CID, until their root's
         #: result is taken (:meth:`_take_result`)
         self.closure_failures: dict[str, ClosureOutcome] = {}
+        #: refs the source answered with nothing (or withheld) since the last listing, by fetch key
+        self.unanswered: dict[tuple[str, ...], list[ReplicationEntry] | Withheld] = {}
         #: fired on every change of the window (listing, outcome, failure)
         self.changed = host.signal()
         #: called on every change too (progress reports, the stall watchdog)
@@ -310,7 +313,24 @@ class Sink:
         return reply.body
 
     def fetch(self, refs: list[DependencyRef]) -> Effects:
-        """Answer the closure loop's refs from the source (``getDependencies``, §10)."""
+        """Answer the closure loop's refs from the source (``getDependencies``, §10). A ref the
+        source had nothing for (or withheld) earlier on this feed is answered so again without
+        asking until the next listing: the closures of one batch share their lookups (the
+        strict-closure rules' batch sharing), so a batch of roots missing one parent costs one
+        round trip, not one each. What the source did give is in the store by then anyway."""
+        known = [self.unanswered.get(fetch_key(ref)) for ref in refs]
+        wanted = [ref for ref, answer in zip(refs, known, strict=True) if answer is None]
+        fetched = iter((yield from self._fetch(wanted)) if wanted else ())
+        out: list[Any] = []
+        for ref, answer in zip(refs, known, strict=True):
+            if answer is None:
+                answer = next(fetched)
+                if not answer:  # nothing (or withheld): the same answer for the rest of this batch
+                    self.unanswered[fetch_key(ref)] = answer
+            out.append(answer)
+        return out
+
+    def _fetch(self, refs: list[DependencyRef]) -> Effects:
         out: list[Any] = []
         for start in range(0, len(refs), MAX_REFS):
             chunk = refs[start : start + MAX_REFS]
@@ -411,6 +431,7 @@ class Sink:
         if self.failed is not None:
             raise self.failed
         listed, through = self._parse_listing(body, pull=pull)
+        self.unanswered.clear()  # a new batch: the source may hold what it lacked before
         if self.full is not None:
             self.quota_refused(self.full, len(listed))
             raise self.full

@@ -223,3 +223,43 @@ def test_a_closure_deeper_than_32_hops_fails_deterministically(chain: int, code:
     else:
         assert (outcome.status, outcome.code) == ("failed", code)
         assert "r0" not in held
+
+
+def test_roots_of_one_batch_share_a_dependency_lookup(tmp_path: Path) -> None:
+    """Four chat messages of one thread, the thread gone from the source: one listing, one
+    `getDependencies` asks for the thread (not one per message), and every chat stays unapplied."""
+    w = chat_world()
+    ctx = w.steps["thread"].message["contextId"]
+    for i in range(3):
+        w.write(f"chat{i}", w.carol, "thread/chat", f"more {i}".encode(), parent_context_id=ctx,
+                protocol_role="thread/participant")
+    tenant = w.tenant
+    source_dwn = Dwn(Store(tmp_path / "source.db"))
+    process_all(source_dwn, tenant, w.ordered())
+    _remove(source_dwn.store, tenant, w.steps["thread"].cid)
+    source_dwn.close()
+    source = _side(tmp_path / "source.db", "source", active=False, capabilities=("revs",))
+    replica = _side(tmp_path / "replica.db", "replica", active=True, capabilities=("revs",))
+    wire = Wire(source, replica, random.Random(3))
+    asked: list[str] = []
+    receive = source.proto.receive_request
+
+    def counted(rid: int, profile: str, *args: Any) -> None:
+        if profile == "getDependencies":
+            asked.append(bytes(args[1]).decode("latin-1"))
+        receive(rid, profile, *args)
+
+    source.proto.receive_request = counted  # type: ignore[method-assign,assignment]
+    source.proto.start_hello()
+    run(wire, replica.proto.start_hello())
+    totals: dict[str, Any] = {}
+    operation, _ = replica.proto.sync(tenant=tenant, scope=SyncScope.subset(CHAT, ["thread/chat"]),
+                                      local_store_id=store_id(replica.store), pull=True, push=False, batch=50,
+                                      totals=totals)
+    run(wire, operation)
+    chats = [w.steps[name].cid for name in ("chat", "chat0", "chat1", "chat2")]
+    assert not any(replica.store.messages.has(tenant, cid) for cid in chats)
+    assert {e.message_cid: e.code for e in totals["pull"].not_applied.last if e.message_cid in chats} == dict.fromkeys(
+        chats, "ClosureParentChainMissing")
+    thread = w.steps["thread"].message["recordId"]
+    assert sum(thread in body for body in asked) == 1, asked  # (the reaction asks for its chat too)
