@@ -65,7 +65,15 @@ from p2psync.node.discovery_api import (
     PeerSeenLike,
     zeroconf_discovery,
 )
-from p2psync.node.links import SILENT_AFTER, LinkSpec, NodeLinkKey, NodeLinkState, link_state, plan_links
+from p2psync.node.links import (
+    SILENT_AFTER,
+    LinkSpec,
+    NodeLinkKey,
+    NodeLinkState,
+    link_state,
+    plan_links,
+    scope_text,
+)
 from p2psync.node.metrics import LinkView, NodeMetrics, scope_label, serve_metrics
 from p2psync.peer.endpoint import peer_url, plain_ws_refused
 from p2psync.peer.peer import Peer
@@ -166,7 +174,8 @@ class NodeLink:
         next_in = self.next_attempt_in()
         next_at = None if next_in is None else (datetime.now(UTC) + timedelta(seconds=next_in)).isoformat()
         return {"peer": spec.label, "url": spec.url, "origin": spec.origin, "tenant": spec.tenant,
-                "scope": scope_label(spec.scope), "scopeId": spec.scope.scope_id, "direction": spec.direction,
+                "scope": scope_label(spec.scope), "scopeText": scope_text(spec.scope), "scopeId": spec.scope.scope_id,
+                "direction": spec.direction,
                 "state": state, "connected": self.conn is not None, "storeId": self.remote_sid,
                 "remote": self.ledger_remote, "failures": self.failures, "nextAttemptAt": next_at,
                 "pin": spec.pin, "fingerprint": None if certificate is None else fingerprint(certificate),
@@ -617,8 +626,12 @@ class Node:
         try:
             with link.scope:
                 async with trio.open_nursery() as nursery:
-                    link.anti_entropy.enabled = self.config.anti_entropy
-                    if self.config.anti_entropy:
+                    # Reconciliation compares a whole tenant's or one protocol's set
+                    # (p2psync/state/sketches.py); a subset link has none to compare.
+                    subset = link.spec.scope.kind == "subset"
+                    link.anti_entropy.enabled = self.config.anti_entropy and not subset
+                    link.anti_entropy.off_reason = "not for a subset scope" if subset else None
+                    if link.anti_entropy.enabled:
                         nursery.start_soon(self._anti_entropy, link)
                     await self._rounds(link)
                     nursery.cancel_scope.cancel()
