@@ -23,7 +23,7 @@ from p2psync.dwn.store import Store
 from p2psync.node.browse import peers_lines
 from p2psync.node.links import scope_text
 from p2psync.replication.scope import SyncScope
-from p2psync.state.ledger import Direction, Ledger, LinkKey, LinkState
+from p2psync.state.ledger import Direction, Ledger, LinkState
 from tests.test_cli_sync import digest, run, run_json, serving, two_devices
 
 NOTES = NOTES_PROTOCOL["protocol"]
