@@ -9,18 +9,21 @@ node runs ``p2psync.cli.main`` in this process, with real stores.
 from __future__ import annotations
 
 import json
+import re
+import shlex
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from p2psync.cli import main
+from p2psync.cli import build_parser, main
 from p2psync.cli.common import EXIT_USAGE
 from p2psync.cli.home import Home
-from p2psync.cli.sync import scope_of
+from p2psync.cli.sync import scope_of, scope_of_args
 from p2psync.demo import NOTES_PROTOCOL
 from p2psync.dwn.store import Store
 from p2psync.node.browse import peers_lines
+from p2psync.node.config import load_config
 from p2psync.node.links import scope_text
 from p2psync.replication.scope import SyncScope
 from p2psync.state.ledger import Direction, Ledger, LinkState
@@ -193,6 +196,42 @@ def test_status_shows_why_a_link_is_repairing(tmp_path: Path, capsys: pytest.Cap
     assert out.count("repairing:") == 1
 
 
+def _tenant_active(home: Path, did: str, active: bool) -> None:
+    store = Store(Home(home).store_path)
+    try:
+        store.tenant_id(did)
+        store.set_tenant_active(did, active)
+    finally:
+        store.close()
+
+
+def test_a_sync_that_leaves_its_link_repairing_says_why(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A real round left repairing: b does not serve the tenant now (its engine answers
+    Deferred), so the link is repairing with the code its ledger logged and its checkpoint does
+    not move; once the tenant is served again the next round heals it."""
+    a, b, did = two_devices(tmp_path, capsys)
+    run_json(capsys, a, "write", "--data", "a note", "--data-format", "text/plain")
+    _tenant_active(b, did, False)
+    with serving(a) as served:
+        code, out, err = run(capsys, b, "sync", served.url)
+        assert code == 0, err
+        assert "  pull checkpoint: at the start" in out
+        [last] = [x for x in out.splitlines() if x.startswith("link left repairing")]
+        assert "link left repairing: Deferred (pull) since " in last and last.endswith("(`p2psync status` shows it)")
+        [link] = run_json(capsys, b, "status", "--json")["links"]
+        assert link["replicationState"] == "repairing" and link["frontier"]["pull"] is None
+        assert (link["repair"]["errorCode"], link["repair"]["direction"]) == ("Deferred", "pull")
+        code, out, _ = run(capsys, b, "status")
+        assert f"  repairing: Deferred (pull) since {link['repair']['since']}: {link['repair']['reason']}" in out
+
+        _tenant_active(b, did, True)
+        summary = run_json(capsys, b, "sync", served.url, "--json")
+        assert summary["state"] == "live" and "repair" not in summary
+        [link] = run_json(capsys, b, "status", "--json")["links"]
+        assert link["replicationState"] == "live" and "repair" not in link and link["frontier"]["pull"] is not None
+        assert digest(capsys, b) == digest(capsys, a)
+
+
 def test_a_running_node_shows_a_subset_link_readably() -> None:
     scope = SyncScope.subset(NOTES, ["note"])
     assert scope_text(scope) == f"protocol {NOTES} (paths: note)"
@@ -210,3 +249,36 @@ def test_a_running_node_shows_a_subset_link_readably() -> None:
 def test_main_exits_2_on_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["--home", str(tmp_path), "sync", "ws://127.0.0.1:1/", "--context-prefix", CID])
     assert code == EXIT_USAGE and "needs --protocol" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- docs/scopes.md
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "scopes.md"
+
+
+def _blocks(language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", DOC.read_text(), flags=re.S)
+
+
+def test_the_documented_commands_and_configuration_are_what_the_code_takes(tmp_path: Path) -> None:
+    commands = [shlex.split(line) for block in _blocks("sh") for line in block.replace("\\\n", " ").splitlines()
+                if line.startswith("p2psync ")]
+    assert len(commands) == 3
+    for argv in commands:
+        args = build_parser().parse_args(argv[1:])
+        assert scope_of_args(args).kind == "subset", argv
+    [toml] = _blocks("toml")
+    path = tmp_path / "node.toml"
+    path.write_text(toml)
+    [tenant] = load_config(path, env={}).tenants
+    assert [s.kind for s in tenant.scopes] == ["protocol", "subset", "subset"]
+    # The scopeIds the page shows are the ones computed.
+    chat = "https://example.org/protocols/chat"
+    text = DOC.read_text()
+    for scope in (SyncScope.global_scope(), SyncScope.for_protocol(chat), SyncScope.subset(chat, ["thread"]),
+                  SyncScope.subset(chat, ["thread/message"]), tenant.scopes[1]):
+        assert scope.scope_id in text, scope
+    for shown in set(re.findall(r"bafyrei[a-z2-7]{52}", text)) - {CID}:
+        assert shown in {s.scope_id for s in (SyncScope.global_scope(), SyncScope.for_protocol(chat),
+                                              SyncScope.subset(chat, ["thread"]),
+                                              SyncScope.subset(chat, ["thread/message"]))}, shown
