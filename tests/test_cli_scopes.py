@@ -24,7 +24,7 @@ from p2psync.demo import NOTES_PROTOCOL
 from p2psync.dwn.store import Store
 from p2psync.node.browse import peers_lines
 from p2psync.node.config import load_config
-from p2psync.node.links import scope_text
+from p2psync.node.links import scope_name, scope_text
 from p2psync.replication.scope import SyncScope
 from p2psync.state.ledger import Direction, Ledger, LinkState
 from tests.test_cli_sync import digest, run, run_json, serving, two_devices
@@ -237,6 +237,9 @@ def test_a_running_node_shows_a_subset_link_readably() -> None:
     assert scope_text(scope) == f"protocol {NOTES} (paths: note)"
     assert scope_text(SyncScope.for_protocol(NOTES)) == f"protocol {NOTES}"
     assert scope_text({"kind": "global"}) == "global"
+    # Log lines and `serve` keep the short names, and give a subset its prefixes and scopeId.
+    assert scope_name(SyncScope.global_scope()) == "global" and scope_name(SyncScope.for_protocol(NOTES)) == NOTES
+    assert scope_name(scope) == f"protocol {NOTES} (paths: note) [{scope.scope_id}]"
     status = {"pid": 1, "url": "ws://127.0.0.1:1/_p2psync", "peers": [], "links": [{
         "peer": "url:x", "tenant": "did:key:z6Mkx", "scope": scope.scope_id, "scopeText": scope_text(scope),
         "scopeId": scope.scope_id, "direction": "pull", "state": "live", "failures": 0,

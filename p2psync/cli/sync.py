@@ -45,7 +45,7 @@ from p2psync.dwn.store import Store
 from p2psync.dwn.timeutil import is_dwn_date_time, timestamp_from_datetime
 from p2psync.node import browse
 from p2psync.node.config import ConfigError, NodeConfig, load_config
-from p2psync.node.links import scope_text, state_text
+from p2psync.node.links import scope_name, scope_text, state_text
 from p2psync.node.node import CALLERS_FILE, Node, NodeError
 from p2psync.peer.endpoint import is_loopback, plain_ws_refused
 from p2psync.peer.peer import Connector, Peer, dialer
@@ -284,8 +284,7 @@ def run_serve(
                         + (", auto-sync with peers that share a tenant" if config.auto else ""))
                 if config.tenants or config.peers or config.auto:
                     for tenant in node.tenants:
-                        scopes = ", ".join(scope_text(s) + (f" [{s.scope_id}]" if s.kind == "subset" else "")
-                                           for s in tenant.scopes)
+                        scopes = ", ".join(scope_name(s) for s in tenant.scopes)
                         say(f"tenant: {tenant.did} ({scopes}; {tenant.direction})")
                 for peer in config.peers:
                     say(f"peer: {peer.url}")

@@ -29,8 +29,8 @@ from p2psync.node.discovery_api import AUTO_CAPABILITY, PeerSeenLike
 from p2psync.replication.scope import SyncScope
 
 __all__ = [
-    "LINK_STATES", "SILENT_AFTER", "LinkSpec", "NodeLinkKey", "NodeLinkState", "link_state", "plan_links", "scope_text",
-    "state_text",
+    "LINK_STATES", "SILENT_AFTER", "LinkSpec", "NodeLinkKey", "NodeLinkState", "link_state", "plan_links", "scope_name",
+    "scope_text", "state_text",
 ]
 
 NodeLinkState = Literal["connecting", "backoff", "unresponsive", "catching-up", "repairing", "live", "idle"]
@@ -169,6 +169,16 @@ def scope_text(scope: SyncScope | dict[str, Any]) -> str:
              for member, name in (("protocolPathPrefixes", "paths"), ("contextIdPrefixes", "contexts"))
              if wire.get(member)]
     return f"protocol {wire['protocol']}" + (f" ({'; '.join(parts)})" if parts else "")
+
+
+def scope_name(scope: SyncScope) -> str:
+    """How logs and ``serve`` name a scope in a line: ``global``, the protocol URL, or a
+    subset's protocol and prefixes (:func:`scope_text`) with its scopeId."""
+    if scope.kind == "global":
+        return "global"
+    if scope.kind == "protocol":
+        return str(scope.protocol)
+    return f"{scope_text(scope)} [{scope.scope_id}]"
 
 
 def state_text(state: str, failures: int, next_in: float | None) -> str:

@@ -72,6 +72,7 @@ from p2psync.node.links import (
     NodeLinkState,
     link_state,
     plan_links,
+    scope_name,
     scope_text,
 )
 from p2psync.node.metrics import LinkView, NodeMetrics, scope_label, serve_metrics
@@ -591,7 +592,7 @@ class Node:
             old = link.spec
             if spec is None or (spec.url, spec.pin, spec.direction) != (old.url, old.pin, old.direction):
                 log.info("link to %s for %s (%s) no longer wanted", link.spec.label, link.spec.tenant,
-                         scope_label(link.spec.scope))
+                         scope_name(link.spec.scope))
                 del self.links[key]
                 self._retire(link, self.shutdown_grace)
 
@@ -602,7 +603,7 @@ class Node:
             link.remote_sid = spec.remote.removeprefix("sid:")
             seen = self.seen.get(link.remote_sid)
             link.remote_did = None if seen is None else seen.peer.did
-        log.info("link to %s for %s (%s, %s)", spec.label, spec.tenant, scope_label(spec.scope), spec.direction)
+        log.info("link to %s for %s (%s, %s)", spec.label, spec.tenant, scope_name(spec.scope), spec.direction)
         self._link_nursery.start_soon(self._supervise, link)
         self._status_dirty = True
 
@@ -703,7 +704,7 @@ class Node:
             log.error("link to %s failed unexpectedly", link.spec.label, exc_info=exc)
             line = f"{type(exc).__name__}: {exc}"
         elif line != link.last_error:
-            log.warning("%s (%s, %s)", line, link.spec.tenant, scope_label(link.spec.scope))
+            log.warning("%s (%s, %s)", line, link.spec.tenant, scope_name(link.spec.scope))
         link.last_error = line
         self._status_dirty = True
 
@@ -771,7 +772,7 @@ class Node:
         count, log and show its outcome. Never raises (but for cancellation): a failure is
         logged once and the next period tries again."""
         spec = link.spec
-        label = f"anti-entropy with {spec.label} for {spec.tenant} ({scope_label(spec.scope)})"
+        label = f"anti-entropy with {spec.label} for {spec.tenant} ({scope_name(spec.scope)})"
         try:
             with trio.fail_after(CHECK_TIMEOUT):
                 summary = await self.peer.reconcile(
