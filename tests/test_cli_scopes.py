@@ -241,7 +241,7 @@ def test_a_running_node_shows_a_subset_link_readably() -> None:
     assert scope_name(SyncScope.global_scope()) == "global" and scope_name(SyncScope.for_protocol(NOTES)) == NOTES
     assert scope_name(scope) == f"protocol {NOTES} (paths: note) [{scope.scope_id}]"
     status = {"pid": 1, "url": "ws://127.0.0.1:1/_p2psync", "peers": [], "links": [{
-        "peer": "url:x", "tenant": "did:key:z6Mkx", "scope": scope.scope_id, "scopeText": scope_text(scope),
+        "peer": "url:x", "tenant": "did:key:z6Mkx", "scope": scope.scope_id, "scopeName": scope_name(scope),
         "scopeId": scope.scope_id, "direction": "pull", "state": "live", "failures": 0,
         "antiEntropy": {"enabled": False, "offReason": "not for a subset scope"}}]}
     lines = peers_lines([], status, 1.0)

@@ -70,7 +70,8 @@ __all__ = [
     "run_sync",
     "scope_of",
     "scope_of_args",
-    "scope_text",
+    "repair_cause",
+    "repair_cause_text",
     "status_lines",
     "status_report",
     "summary_lines",
@@ -129,12 +130,13 @@ def scope_of(
     except DwnError as exc:
         raise CliError(f"--protocol {protocol}: {exc}") from None
     # Each prefix alone first, so that the refusal names the one at fault.
-    for flag, values, axis in (("--path-prefix", path_prefixes, 0), ("--context-prefix", context_prefixes, 1)):
-        for value in values:
-            try:
-                SyncScope.subset(protocol, *(([value], ()) if axis == 0 else ((), [value])))
-            except DwnError as exc:
-                raise CliError(f"{flag} {value!r}: {exc}") from None
+    alone: list[tuple[str, str, list[str], list[str]]] = [("--path-prefix", v, [v], []) for v in path_prefixes]
+    alone += [("--context-prefix", v, [], [v]) for v in context_prefixes]
+    for flag, value, paths, contexts in alone:
+        try:
+            SyncScope.subset(protocol, paths, contexts)
+        except DwnError as exc:
+            raise CliError(f"{flag} {value!r}: {exc}") from None
     try:
         return SyncScope.subset(protocol, path_prefixes, context_prefixes) if path_prefixes or context_prefixes \
             else scope

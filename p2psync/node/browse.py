@@ -94,9 +94,7 @@ def peers_lines(found: list[dict[str, Any]], status: dict[str, Any] | None, wait
         for link in status.get("links", []):
             state = state_text(link.get("state", "connecting"), link["failures"],
                                seconds_until(link.get("nextAttemptAt")))
-            scope = link.get("scopeText") or link["scope"]
-            if link.get("scopeText") and link["scope"] == link.get("scopeId"):  # a subset: its label is its id
-                scope += f" [{link['scopeId']}]"
+            scope = link.get("scopeName") or link["scope"]  # a subset's prefixes and scopeId
             lines.append(f"  link {link['peer']}: {link['tenant']} ({scope}, {link['direction']}), {state}"
                          + (f"; last error: {link['lastError']}" if link.get("lastError") else ""))
             check = anti_entropy_line(link.get("antiEntropy"))

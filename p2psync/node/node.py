@@ -73,7 +73,6 @@ from p2psync.node.links import (
     link_state,
     plan_links,
     scope_name,
-    scope_text,
 )
 from p2psync.node.metrics import LinkView, NodeMetrics, scope_label, serve_metrics
 from p2psync.peer.endpoint import peer_url, plain_ws_refused
@@ -175,7 +174,7 @@ class NodeLink:
         next_in = self.next_attempt_in()
         next_at = None if next_in is None else (datetime.now(UTC) + timedelta(seconds=next_in)).isoformat()
         return {"peer": spec.label, "url": spec.url, "origin": spec.origin, "tenant": spec.tenant,
-                "scope": scope_label(spec.scope), "scopeText": scope_text(spec.scope), "scopeId": spec.scope.scope_id,
+                "scope": scope_label(spec.scope), "scopeName": scope_name(spec.scope), "scopeId": spec.scope.scope_id,
                 "direction": spec.direction,
                 "state": state, "connected": self.conn is not None, "storeId": self.remote_sid,
                 "remote": self.ledger_remote, "failures": self.failures, "nextAttemptAt": next_at,

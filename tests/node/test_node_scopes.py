@@ -70,7 +70,7 @@ async def test_a_subset_link_pulls_its_closure_only_and_says_so(tmp_path: Path) 
         status = b.status()
         [shown] = status["links"]
         assert shown["scopeId"] == scope.scope_id and shown["scope"] == scope.scope_id  # the metrics label
-        assert shown["scopeText"] == f"protocol {NOTES} (paths: note/attachment)"
+        assert shown["scopeName"] == f"protocol {NOTES} (paths: note/attachment) [{scope.scope_id}]"
         assert shown["antiEntropy"]["enabled"] is False and shown["antiEntropy"]["checks"] == 0
         assert anti_entropy_line(shown["antiEntropy"]) == "anti-entropy off (not for a subset scope)"
         lines = status_lines(status_report(b.store, status))
