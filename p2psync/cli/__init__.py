@@ -26,7 +26,7 @@ import apsw
 from p2psync import __version__
 from p2psync.cli import common
 from p2psync.cli.anti_entropy import cmd_diff, cmd_sync_or_repair
-from p2psync.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, NODE_STATUS_FILE, CliError
+from p2psync.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, NODE_STATUS_FILE, CliError, UsageError
 from p2psync.cli.local import (
     cmd_init,
     cmd_protocol_install,
@@ -42,7 +42,7 @@ from p2psync.cli.local import (
 from p2psync.cli.pipeline import register as register_pipeline
 from p2psync.cli.records import cmd_delete, cmd_show, cmd_update
 from p2psync.cli.repair import cmd_repair
-from p2psync.cli.sync import add_transport_flags, cmd_grant_sync, cmd_peers, cmd_serve, cmd_status
+from p2psync.cli.sync import add_scope_flags, add_transport_flags, cmd_grant_sync, cmd_peers, cmd_serve, cmd_status
 from p2psync.cli.tools import cmd_blip_echo, cmd_demo, cmd_dwn_pipe, cmd_sim
 from p2psync.node.config import DEFAULT_HOST, DEFAULT_PORT
 from p2psync.sim import cli as sim_cli
@@ -192,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="reconcile and move exactly the missing messages instead of reading the log "
                          "(exit 3 when the replicas still differ)")
     sp.add_argument("--tenant", help="the tenant to replicate (default: your own DID)")
-    sp.add_argument("--protocol", metavar="URL", help="replicate only this protocol's records")
+    add_scope_flags(sp, "replicate only")
     add_transport_flags(sp)
     sp.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     sp.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
@@ -273,6 +273,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.fn(args))
+    except UsageError as exc:  # arguments that cannot go together: exit 2, as argparse's refusals
+        print(f"p2psync: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except CliError as exc:
         print(f"p2psync: {exc}", file=sys.stderr)
         return EXIT_FAILED

@@ -22,9 +22,18 @@ import trio
 from tqdm import tqdm
 
 from p2psync import errors
-from p2psync.cli.common import EXIT_OK, CliError, load_identity, open_store
+from p2psync.cli.common import EXIT_OK, CliError, UsageError, load_identity, open_store
 from p2psync.cli.repair import EXIT_INCOMPLETE, PROGRESS_MIN_INTERVAL
-from p2psync.cli.sync import Direction, check_url, cmd_sync, human_bytes, log_to_stderr, remote_command, scope_of
+from p2psync.cli.sync import (
+    Direction,
+    check_url,
+    cmd_sync,
+    human_bytes,
+    log_to_stderr,
+    remote_command,
+    scope_of,
+    scope_of_args,
+)
 from p2psync.dwn.did import Identity
 from p2psync.dwn.store import Store
 from p2psync.peer.peer import Connector, Peer, ReconcileSummary, RepairProgress
@@ -281,6 +290,10 @@ def cmd_sync_or_repair(args: argparse.Namespace) -> int:
         return cmd_sync(args)
     if args.continuous:
         raise CliError("--repair runs once and ends; it cannot be combined with --continuous")
+    if scope_of_args(args).kind == "subset":
+        # The sets compared (p2psync/state/sketches.py) are a whole tenant's or one protocol's.
+        raise UsageError("--repair reconciles a whole tenant or one protocol: --path-prefix and "
+                         "--context-prefix go with a log sync (without --repair)")
     identity, progress = remote_command(args)
     store = open_store(args, must_exist=False)
     quiet = log_to_stderr(args.verbose)

@@ -23,6 +23,7 @@ __all__ = [
     "EXIT_USAGE",
     "NODE_STATUS_FILE",
     "CliError",
+    "UsageError",
     "check_reply",
     "home_of",
     "load_identity",
@@ -46,6 +47,11 @@ CLI_BUSY_TIMEOUT: Final = 60.0
 
 class CliError(Exception):
     """A user-facing failure: printed as one line, exit code 1."""
+
+
+class UsageError(CliError):
+    """Arguments that cannot go together (a rule argparse cannot express): one line, exit code 2,
+    as argparse's own refusals."""
 
 
 def home_of(args: argparse.Namespace) -> Home:

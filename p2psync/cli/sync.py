@@ -15,7 +15,7 @@ import logging
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TextIO
@@ -26,18 +26,26 @@ from websockets.uri import parse_uri
 
 from p2psync import errors
 from p2psync.blip.tls import FINGERPRINT_RE, TlsCertificate
-from p2psync.cli.common import EXIT_OK, NODE_STATUS_FILE, CliError, home_of, load_identity, open_store, print_json
+from p2psync.cli.common import (
+    EXIT_OK,
+    NODE_STATUS_FILE,
+    CliError,
+    UsageError,
+    home_of,
+    load_identity,
+    open_store,
+    print_json,
+)
 from p2psync.cli.home import Home, HomeError, default_home
 from p2psync.dwn.did import Identity
 from p2psync.dwn.encoding import message_cid
 from p2psync.dwn.engine import Dwn
 from p2psync.dwn.errors import DwnError
 from p2psync.dwn.store import Store
-from p2psync.dwn.timeutil import is_dwn_date_time
+from p2psync.dwn.timeutil import is_dwn_date_time, timestamp_from_datetime
 from p2psync.node import browse
 from p2psync.node.config import ConfigError, NodeConfig, load_config
-from p2psync.node.links import state_text
-from p2psync.node.metrics import scope_label
+from p2psync.node.links import scope_name, scope_text, state_text
 from p2psync.node.node import CALLERS_FILE, Node, NodeError
 from p2psync.peer.endpoint import is_loopback, plain_ws_refused
 from p2psync.peer.peer import Connector, Peer, dialer
@@ -45,10 +53,11 @@ from p2psync.replication.scope import SyncScope
 from p2psync.replication.stats import SyncProgress, SyncSummary
 from p2psync.state.authz import sync_grant_messages
 from p2psync.state.copies import store_id
-from p2psync.state.ledger import Ledger
+from p2psync.state.ledger import Ledger, LinkKey, LinkState
 
 __all__ = [
     "ProgressBars",
+    "add_scope_flags",
     "cmd_grant_sync",
     "cmd_peers",
     "cmd_serve",
@@ -60,6 +69,9 @@ __all__ = [
     "run_serve",
     "run_sync",
     "scope_of",
+    "scope_of_args",
+    "repair_cause",
+    "repair_cause_text",
     "status_lines",
     "status_report",
     "summary_lines",
@@ -86,12 +98,55 @@ def human_bytes(n: float) -> str:
     raise AssertionError("unreachable")
 
 
-def scope_of(protocol: str | None) -> SyncScope:
-    """The sync scope of ``--protocol`` (global without it); a bad URL is a one-line failure."""
+def add_scope_flags(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--protocol``, ``--path-prefix`` and ``--context-prefix`` of a command that syncs a
+    scope (docs/scopes.md); ``what`` completes "replicate only ...". Read with :func:`scope_of_args`."""
+    parser.add_argument("--protocol", metavar="URL", help=f"{what} this protocol's records")
+    parser.add_argument("--path-prefix", action="append", default=[], metavar="PATH", dest="path_prefixes",
+                        help="with --protocol: only records whose protocolPath is PATH or under it, whole "
+                             "segments (thread matches thread/reply, not threads); repeat for several")
+    parser.add_argument("--context-prefix", action="append", default=[], metavar="CONTEXT", dest="context_prefixes",
+                        help="with --protocol: only records whose contextId is CONTEXT or under it (one or more "
+                             "recordIds joined by /); repeat for several")
+
+
+def scope_of(
+    protocol: str | None, path_prefixes: Sequence[str] = (), context_prefixes: Sequence[str] = ()
+) -> SyncScope:
+    """The canonical sync scope of ``--protocol`` and the prefixes (global without them).
+
+    A prefix without ``--protocol`` is a :class:`UsageError` (exit 2); a protocol URL or a prefix
+    the scope rules refuse is a one-line :class:`CliError` naming the flag, its value and
+    ``SyncScopeInvalid``'s reason.
+    """
+    if protocol is None:
+        given = ["--path-prefix"] * bool(path_prefixes) + ["--context-prefix"] * bool(context_prefixes)
+        if given:
+            raise UsageError(f"{' and '.join(given)} need{'s' if len(given) == 1 else ''} --protocol: "
+                             "a prefix selects part of one protocol")
+        return SyncScope.global_scope()
     try:
-        return SyncScope.global_scope() if protocol is None else SyncScope.for_protocol(protocol)
+        scope = SyncScope.for_protocol(protocol)
     except DwnError as exc:
         raise CliError(f"--protocol {protocol}: {exc}") from None
+    # Each prefix alone first, so that the refusal names the one at fault.
+    alone: list[tuple[str, str, list[str], list[str]]] = [("--path-prefix", v, [v], []) for v in path_prefixes]
+    alone += [("--context-prefix", v, [], [v]) for v in context_prefixes]
+    for flag, value, paths, contexts in alone:
+        try:
+            SyncScope.subset(protocol, paths, contexts)
+        except DwnError as exc:
+            raise CliError(f"{flag} {value!r}: {exc}") from None
+    try:
+        return SyncScope.subset(protocol, path_prefixes, context_prefixes) if path_prefixes or context_prefixes \
+            else scope
+    except DwnError as exc:  # the prefixes together (more than MAX_PREFIXES)
+        raise CliError(f"the scope: {exc}") from None
+
+
+def scope_of_args(args: argparse.Namespace) -> SyncScope:
+    """:func:`scope_of` the flags :func:`add_scope_flags` added."""
+    return scope_of(args.protocol, args.path_prefixes, args.context_prefixes)
 
 
 def check_url(url: str, *, insecure: bool = False, pin: str | None = None) -> Connector:
@@ -231,7 +286,7 @@ def run_serve(
                         + (", auto-sync with peers that share a tenant" if config.auto else ""))
                 if config.tenants or config.peers or config.auto:
                     for tenant in node.tenants:
-                        scopes = ", ".join(scope_label(s) for s in tenant.scopes)
+                        scopes = ", ".join(scope_name(s) for s in tenant.scopes)
                         say(f"tenant: {tenant.did} ({scopes}; {tenant.direction})")
                 for peer in config.peers:
                     say(f"peer: {peer.url}")
@@ -341,7 +396,7 @@ def run_sync(
     url: str,
     *,
     tenant: str,
-    protocol: str | None,
+    scope: SyncScope,
     direction: Direction,
     continuous: bool,
     progress: bool,
@@ -351,11 +406,11 @@ def run_sync(
     insecure: bool = False,
     pin: str | None = None,
 ) -> int:
-    """Run one sync (or a continuous one until Ctrl-C / SIGTERM) and print its summary."""
+    """Run one sync of ``scope`` (or a continuous one until Ctrl-C / SIGTERM) and print its
+    summary; a scope other than global is named with its scopeId (its own link and checkpoints)."""
     stdout = out if out is not None else sys.stdout
     stderr = err if err is not None else sys.stderr
     target = check_url(url, insecure=insecure, pin=pin)
-    scope = scope_of(protocol)
     peer = Peer(store, identity)
     bars = ProgressBars(progress, stderr)
 
@@ -393,11 +448,22 @@ def run_sync(
             done = ", ".join(f"{d} {r['messages']} message(s), {human_bytes(r['bytes'])}" for d, r in report.items())
             print(f"stopped after {seconds:.1f} s" + (f": {done}" if done else ""), file=stdout)
         return 0
+    cause = repair_cause(Ledger.for_store(store), LinkKey(summary.tenant, summary.remote, scope.scope_id)) \
+        if summary.state == "repairing" else None
     if as_json:
-        print(json.dumps(summary.to_json()), file=stdout)
+        shown: dict[str, Any] = {**summary.to_json(), "scope": scope.to_wire(), "scopeId": scope.scope_id}
+        if cause is not None:
+            shown["repair"] = cause
+        print(json.dumps(shown), file=stdout)
     else:
         # The peer's own clock excludes our start-up; fall back to ours if it kept none.
-        print("\n".join(summary_lines(summary, summary.seconds or seconds)), file=stdout)
+        lines = summary_lines(summary, summary.seconds or seconds)
+        if scope.kind != "global":
+            lines.insert(1, f"  scope {scope_text(scope)} [{scope.scope_id}]")
+        if summary.state != "live":
+            lines.append(f"link left {summary.state}" + ("" if cause is None else f": {repair_cause_text(cause)}")
+                         + " (`p2psync status` shows it)")
+        print("\n".join(lines), file=stdout)
     return 0
 
 
@@ -432,6 +498,28 @@ def _copies(store: Store) -> list[dict[str, Any]]:
     return out
 
 
+def repair_cause(ledger: Ledger, key: LinkKey) -> dict[str, Any] | None:
+    """Why the link ``key`` is ``repairing``: ``{"since", "reason", "errorCode", "direction"}``
+    of the change that put it there (``errorCode`` and ``direction`` None when the ledger
+    logged none), or None when it is not repairing. A closure that could not be completed puts
+    its RFC code here (``ClosureParentChainMissing``, ...; docs/scopes.md)."""
+    if ledger.link(key).state != LinkState.REPAIRING:
+        return None
+    entered = ledger.last_entered(key, LinkState.REPAIRING)
+    if entered is None:
+        return None
+    return {"since": timestamp_from_datetime(entered.at), "reason": entered.reason,
+            "errorCode": entered.error_code,
+            "direction": None if entered.direction is None else str(entered.direction)}
+
+
+def repair_cause_text(cause: dict[str, Any]) -> str:
+    """A :func:`repair_cause` for a person: ``ClosureGrantMissing (pull) since T: reason``."""
+    code = cause.get("errorCode") or "repairing"
+    way = f" ({cause['direction']})" if cause.get("direction") else ""
+    return f"{code}{way} since {cause.get('since')}: {cause.get('reason')}"
+
+
 def status_report(store: Store, node: dict[str, Any] | None = None) -> dict[str, Any]:
     """``{"storeId", "links": [...], "copies": [...]}`` from the store's ledger and copies.
 
@@ -454,6 +542,9 @@ def status_report(store: Store, node: dict[str, Any] | None = None) -> dict[str,
     links = []
     for link in ledger.links():
         state = ledger.link_state(link.key)
+        cause = repair_cause(ledger, link.key)
+        if cause is not None:
+            state["repair"] = cause
         state["frontier"] = {"pull": _frontier(state["pull"]), "push": _frontier(state["push"])}
         state["replicationState"], state["state"] = state["state"], "idle"
         for shown in running:
@@ -487,15 +578,15 @@ def status_lines(report: dict[str, Any]) -> list[str]:
     if not report["links"] and not report["copies"]:
         lines.append("no links yet (run `p2psync sync URL`, or serve and let a peer connect)")
     for link in report["links"]:
-        scope = link["scope"]
-        scope_text = scope["kind"] if scope["kind"] != "protocol" else f"protocol {scope.get('protocol')}"
         lines.append(f"{link['tenantDid']}  <->  {link['remoteEndpoint']}"
                      + (f"  (TLS {link['fingerprint']})" if link.get("fingerprint") else ""))
-        lines.append(f"  scope {scope_text} ({link['scopeId']}), state "
+        lines.append(f"  scope {scope_text(link['scope'])} [{link['scopeId']}], state "
                      + state_text(link["state"], link["failureCount"], browse.seconds_until(link.get("nextAttemptAt")))
                      + ("" if link["state"] != "idle" else f"; the last round left it {link['replicationState']}"))
         lines.append(f"  last success {link.get('lastSuccessAt', '-')}, last failure {link.get('lastFailureAt', '-')}"
                      + (f" ({link['lastError']})" if "lastError" in link else ""))
+        if isinstance(link.get("repair"), dict):  # why the last round left it repairing
+            lines.append(f"  repairing: {repair_cause_text(link['repair'])}")
         for direction in ("pull", "push"):
             cp = link[direction]
             at = link["frontier"][direction]
@@ -620,12 +711,13 @@ def remote_command(args: argparse.Namespace) -> tuple[Identity, bool]:
 
 
 def cmd_sync(args: argparse.Namespace) -> int:
+    scope = scope_of_args(args)  # a usage error before anything opens
     identity, progress = remote_command(args)
     store = open_store(args, must_exist=False)
     quiet = log_to_stderr(args.verbose)
     try:
         return run_sync(
-            store, identity, args.url, tenant=args.tenant or identity.did, protocol=args.protocol,
+            store, identity, args.url, tenant=args.tenant or identity.did, scope=scope,
             direction=args.direction, continuous=args.continuous, progress=progress, as_json=args.json,
             insecure=args.insecure, pin=args.pin,
         )

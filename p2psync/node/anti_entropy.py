@@ -155,6 +155,7 @@ class AntiEntropyStatus:
     next_at: datetime | None = None  # None: not scheduled (before the link's first caught-up round)
     running: bool = False  # a check is under way
     interval: float | None = None  # the current base of the waits, seconds
+    off_reason: str | None = None  # why a link has none while the node's setting is on
 
     def to_json(self) -> dict[str, Any]:
         last = self.last
@@ -167,6 +168,8 @@ class AntiEntropyStatus:
             "running": self.running,
             "interval": None if self.interval is None else round(self.interval, 1),
         }
+        if self.off_reason is not None:
+            out["offReason"] = self.off_reason
         if last is not None:
             out["localLacks"] = last.local_lacks
             out["remoteLacks"] = last.remote_lacks

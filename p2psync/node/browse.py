@@ -94,7 +94,8 @@ def peers_lines(found: list[dict[str, Any]], status: dict[str, Any] | None, wait
         for link in status.get("links", []):
             state = state_text(link.get("state", "connecting"), link["failures"],
                                seconds_until(link.get("nextAttemptAt")))
-            lines.append(f"  link {link['peer']}: {link['tenant']} ({link['scope']}, {link['direction']}), {state}"
+            scope = link.get("scopeName") or link["scope"]  # a subset's prefixes and scopeId
+            lines.append(f"  link {link['peer']}: {link['tenant']} ({scope}, {link['direction']}), {state}"
                          + (f"; last error: {link['lastError']}" if link.get("lastError") else ""))
             check = anti_entropy_line(link.get("antiEntropy"))
             if check is not None:
@@ -110,7 +111,7 @@ def anti_entropy_line(check: Any) -> str | None:
     if not isinstance(check, dict):
         return None
     if not check.get("enabled", True):
-        return "anti-entropy off"
+        return "anti-entropy off" + (f" ({check['offReason']})" if check.get("offReason") else "")
     if check.get("lastCheck") is None:
         last = "no check yet"
     else:

@@ -417,23 +417,52 @@ def _direction(value: Any) -> Direction:
     return text  # type: ignore[return-value]  # checked just above
 
 
+#: A scope table's keys, and the wire (camelCase) spelling someone may copy from
+#: protocol/replication-state.md, named in the refusal.
+_SCOPE_KEYS: Final = {"protocol": "protocol", "protocol_path_prefixes": "protocolPathPrefixes",
+                      "context_id_prefixes": "contextIdPrefixes"}
+
+
 def _scope(value: Any) -> SyncScope:
-    """``"global"``, a protocol URL, or ``{protocol, protocol_path_prefixes, context_id_prefixes}``."""
+    """``"global"``, a protocol URL, or ``{protocol, protocol_path_prefixes, context_id_prefixes}``
+    (docs/scopes.md), canonicalized: a table without prefixes is the protocol scope."""
     try:
         if value == "global":
             return SyncScope.global_scope()
         if isinstance(value, str):
             return SyncScope.for_protocol(_text(value))
         if isinstance(value, dict):
-            extra = set(value) - {"protocol", "protocol_path_prefixes", "context_id_prefixes"}
+            extra = sorted(set(value) - set(_SCOPE_KEYS))
             if extra:
-                raise ValueError(f"unknown key {sorted(extra)[0]!r} in a scope")
+                wire = {v: k for k, v in _SCOPE_KEYS.items()}
+                hint = f" (write {wire[extra[0]]})" if extra[0] in wire else ""
+                raise ValueError(f"unknown key {extra[0]!r} in a scope{hint}")
+            if "protocol" not in value:
+                raise ValueError("a scope table needs protocol (prefixes select part of one protocol)")
             paths = _list(_text)(value.get("protocol_path_prefixes", []))
             contexts = _list(_text)(value.get("context_id_prefixes", []))
-            return SyncScope.subset(_text(value.get("protocol")), paths, contexts)
+            return SyncScope.subset(_text(value["protocol"]), paths, contexts)
     except DwnError as exc:
-        raise ValueError(exc.detail or str(exc)) from None
+        raise ValueError(f"{exc.code}: {exc.detail}" if exc.detail else str(exc)) from None
     raise ValueError(f"a scope is \"global\", a protocol URL or a table with protocol, not {value!r}")
+
+
+def _scopes(where: str, key: str, value: Any) -> tuple[SyncScope, ...]:
+    """A tenant's ``scopes``: a refusal names the entry (``tenant[0].scopes[1]``)."""
+    if isinstance(value, str):  # as every list setting: comma/space-separated text
+        value = [v for v in value.replace(",", " ").split() if v]
+    if not isinstance(value, list):
+        raise ConfigError(where, key, f"must be a list, not {value!r}")
+    scopes = tuple(_check(where, f"{key}[{j}]", _scope, v) for j, v in enumerate(value))
+    if not scopes:
+        raise ConfigError(where, key, "must name at least one scope")
+    seen: dict[str, int] = {}
+    for j, scope in enumerate(scopes):
+        if scope.scope_id in seen:
+            raise ConfigError(where, f"{key}[{j}]", f"the same scope as {key}[{seen[scope.scope_id]}] "
+                              f"(scopeId {scope.scope_id})")
+        seen[scope.scope_id] = j
+    return scopes
 
 
 # --------------------------------------------------------------------------- the keys
@@ -573,11 +602,7 @@ def _tenants(where: str, value: Any) -> tuple[TenantConfig, ...]:
                 raise ConfigError(where, f"tenant[{i}].{name}", "unknown key")
         did = _check(where, f"tenant[{i}].did", _did, table["did"]) if "did" in table else None
         direction = _check(where, f"tenant[{i}].direction", _direction, table.get("direction", "both"))
-        scopes = _check(where, f"tenant[{i}].scopes", _list(_scope), table.get("scopes", ["global"]))
-        if not scopes:
-            raise ConfigError(where, f"tenant[{i}].scopes", "must name at least one scope")
-        if len({s.scope_id for s in scopes}) != len(scopes):
-            raise ConfigError(where, f"tenant[{i}].scopes", "a scope is listed twice")
+        scopes = _scopes(where, f"tenant[{i}].scopes", table.get("scopes", ["global"]))
         messages = (_check(where, f"tenant[{i}].quota_messages", _typed(_messages), table["quota_messages"])
                     if "quota_messages" in table else INHERIT)
         size = (_check(where, f"tenant[{i}].quota_bytes", _bytes, table["quota_bytes"])

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from p2psync.blip.pumps import PING_INTERVAL
 from p2psync.node.config import Direction, StaticPeer, TenantConfig
@@ -29,7 +29,8 @@ from p2psync.node.discovery_api import AUTO_CAPABILITY, PeerSeenLike
 from p2psync.replication.scope import SyncScope
 
 __all__ = [
-    "LINK_STATES", "SILENT_AFTER", "LinkSpec", "NodeLinkKey", "NodeLinkState", "link_state", "plan_links", "state_text",
+    "LINK_STATES", "SILENT_AFTER", "LinkSpec", "NodeLinkKey", "NodeLinkState", "link_state", "plan_links", "scope_name",
+    "scope_text", "state_text",
 ]
 
 NodeLinkState = Literal["connecting", "backoff", "unresponsive", "catching-up", "repairing", "live", "idle"]
@@ -155,6 +156,29 @@ def link_state(
 #: round trip; 5 s more covers a loaded peer. Its link is not ``live`` past it (the connection
 #: itself is dropped at the 60 s idle timeout).
 SILENT_AFTER: Final = PING_INTERVAL + 5.0
+
+
+def scope_text(scope: SyncScope | dict[str, Any]) -> str:
+    """A scope for a person: ``global``, ``protocol URL``, or ``protocol URL (paths: a, b;
+    contexts: C)`` in canonical order. Takes a :class:`SyncScope` or its wire object (the
+    ledger's ``scope``)."""
+    wire = scope.to_wire() if isinstance(scope, SyncScope) else scope
+    if not wire.get("protocol"):
+        return str(wire.get("kind"))
+    parts = [f"{name}: " + ", ".join(str(v) for v in wire[member])
+             for member, name in (("protocolPathPrefixes", "paths"), ("contextIdPrefixes", "contexts"))
+             if wire.get(member)]
+    return f"protocol {wire['protocol']}" + (f" ({'; '.join(parts)})" if parts else "")
+
+
+def scope_name(scope: SyncScope) -> str:
+    """How logs and ``serve`` name a scope in a line: ``global``, the protocol URL, or a
+    subset's protocol and prefixes (:func:`scope_text`) with its scopeId."""
+    if scope.kind == "global":
+        return "global"
+    if scope.kind == "protocol":
+        return str(scope.protocol)
+    return f"{scope_text(scope)} [{scope.scope_id}]"
 
 
 def state_text(state: str, failures: int, next_in: float | None) -> str:

@@ -65,7 +65,15 @@ from p2psync.node.discovery_api import (
     PeerSeenLike,
     zeroconf_discovery,
 )
-from p2psync.node.links import SILENT_AFTER, LinkSpec, NodeLinkKey, NodeLinkState, link_state, plan_links
+from p2psync.node.links import (
+    SILENT_AFTER,
+    LinkSpec,
+    NodeLinkKey,
+    NodeLinkState,
+    link_state,
+    plan_links,
+    scope_name,
+)
 from p2psync.node.metrics import LinkView, NodeMetrics, scope_label, serve_metrics
 from p2psync.peer.endpoint import peer_url, plain_ws_refused
 from p2psync.peer.peer import Peer
@@ -166,7 +174,8 @@ class NodeLink:
         next_in = self.next_attempt_in()
         next_at = None if next_in is None else (datetime.now(UTC) + timedelta(seconds=next_in)).isoformat()
         return {"peer": spec.label, "url": spec.url, "origin": spec.origin, "tenant": spec.tenant,
-                "scope": scope_label(spec.scope), "scopeId": spec.scope.scope_id, "direction": spec.direction,
+                "scope": scope_label(spec.scope), "scopeName": scope_name(spec.scope), "scopeId": spec.scope.scope_id,
+                "direction": spec.direction,
                 "state": state, "connected": self.conn is not None, "storeId": self.remote_sid,
                 "remote": self.ledger_remote, "failures": self.failures, "nextAttemptAt": next_at,
                 "pin": spec.pin, "fingerprint": None if certificate is None else fingerprint(certificate),
@@ -582,7 +591,7 @@ class Node:
             old = link.spec
             if spec is None or (spec.url, spec.pin, spec.direction) != (old.url, old.pin, old.direction):
                 log.info("link to %s for %s (%s) no longer wanted", link.spec.label, link.spec.tenant,
-                         scope_label(link.spec.scope))
+                         scope_name(link.spec.scope))
                 del self.links[key]
                 self._retire(link, self.shutdown_grace)
 
@@ -593,7 +602,7 @@ class Node:
             link.remote_sid = spec.remote.removeprefix("sid:")
             seen = self.seen.get(link.remote_sid)
             link.remote_did = None if seen is None else seen.peer.did
-        log.info("link to %s for %s (%s, %s)", spec.label, spec.tenant, scope_label(spec.scope), spec.direction)
+        log.info("link to %s for %s (%s, %s)", spec.label, spec.tenant, scope_name(spec.scope), spec.direction)
         self._link_nursery.start_soon(self._supervise, link)
         self._status_dirty = True
 
@@ -617,8 +626,12 @@ class Node:
         try:
             with link.scope:
                 async with trio.open_nursery() as nursery:
-                    link.anti_entropy.enabled = self.config.anti_entropy
-                    if self.config.anti_entropy:
+                    # Reconciliation compares a whole tenant's or one protocol's set
+                    # (p2psync/state/sketches.py); a subset link has none to compare.
+                    subset = link.spec.scope.kind == "subset"
+                    link.anti_entropy.enabled = self.config.anti_entropy and not subset
+                    link.anti_entropy.off_reason = "not for a subset scope" if subset else None
+                    if link.anti_entropy.enabled:
                         nursery.start_soon(self._anti_entropy, link)
                     await self._rounds(link)
                     nursery.cancel_scope.cancel()
@@ -690,7 +703,7 @@ class Node:
             log.error("link to %s failed unexpectedly", link.spec.label, exc_info=exc)
             line = f"{type(exc).__name__}: {exc}"
         elif line != link.last_error:
-            log.warning("%s (%s, %s)", line, link.spec.tenant, scope_label(link.spec.scope))
+            log.warning("%s (%s, %s)", line, link.spec.tenant, scope_name(link.spec.scope))
         link.last_error = line
         self._status_dirty = True
 
@@ -758,7 +771,7 @@ class Node:
         count, log and show its outcome. Never raises (but for cancellation): a failure is
         logged once and the next period tries again."""
         spec = link.spec
-        label = f"anti-entropy with {spec.label} for {spec.tenant} ({scope_label(spec.scope)})"
+        label = f"anti-entropy with {spec.label} for {spec.tenant} ({scope_name(spec.scope)})"
         try:
             with trio.fail_after(CHECK_TIMEOUT):
                 summary = await self.peer.reconcile(

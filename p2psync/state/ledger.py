@@ -297,6 +297,14 @@ def _token_json(token: ProgressToken | None) -> str | None:
     return None if token is None else json_compact(token.to_wire())
 
 
+def _transition_of(r: Sequence[Any]) -> LinkTransition:
+    """A ``ledger_transitions`` row joined with its link's key (the columns ``transitions`` reads)."""
+    return LinkTransition(
+        int(r[0]), LinkKey(r[1], r[2], r[3]), datetime_from_timestamp(r[4]), r[5], LinkState(r[6]),
+        LinkState(r[7]), r[8], None if r[9] is None else Direction(r[9]), _token_of(r[10]), _token_of(r[11]), r[12],
+    )
+
+
 def _token_of(text: str | None) -> ProgressToken | None:
     return None if text is None else ProgressToken.from_wire(json.loads(text))
 
@@ -657,14 +665,21 @@ class Ledger:
         if limit is not None:
             sql += " LIMIT ?"
             args.append(limit)
-        return [
-            LinkTransition(
-                int(r[0]), LinkKey(r[1], r[2], r[3]), datetime_from_timestamp(r[4]), r[5], LinkState(r[6]),
-                LinkState(r[7]), r[8], None if r[9] is None else Direction(r[9]), _token_of(r[10]),
-                _token_of(r[11]), r[12],
-            )
-            for r in self.conn.execute(sql, args)
-        ]
+        return [_transition_of(r) for r in self.conn.execute(sql, args)]
+
+    def last_entered(self, key: LinkKey, state: LinkState) -> LinkTransition | None:
+        """The latest logged change of ``key`` into ``state`` (why it is there: its reason,
+        error code and direction), or None when it never entered it. One indexed row, however
+        long the link's history."""
+        row = self._link_row(key)
+        found = self.conn.execute(
+            "SELECT t.id, l.tenant, l.remote, l.scope_id, t.at, t.kind, t.state_from, t.state_to, t.reason,"
+            " t.direction, t.token, t.contiguous_token, t.error_code"
+            " FROM ledger_transitions t JOIN ledger_links l ON l.id = t.link"
+            " WHERE t.link=? AND t.kind='state' AND t.state_to=? ORDER BY t.id DESC LIMIT 1",
+            (row[0], str(LinkState(state))),
+        ).fetchone()
+        return None if found is None else _transition_of(found)
 
     # -- checkpoints -----------------------------------------------------------------------
 

@@ -56,7 +56,8 @@ def test_the_documented_example_parses() -> None:
     assert config.discovery_interfaces() is None  # 0.0.0.0: every interface
     assert [t.direction for t in config.tenants] == ["both", "pull"]
     assert config.tenants[0].did is None  # the node's own
-    assert config.tenants[1].scopes[0] == SyncScope.for_protocol("https://example.org/protocols/notes")
+    assert config.tenants[1].scopes == (SyncScope.for_protocol("https://example.org/protocols/notes"),
+                                        SyncScope.subset("https://example.org/protocols/chat", ["thread"]))
     assert [p.url for p in config.peers] == ["wss://192.168.1.20:4984/_p2psync"]
     assert config.tls_enabled and not config.insecure  # 0.0.0.0 is not loopback
     assert config.anti_entropy and (config.anti_entropy_interval, config.anti_entropy_max_interval) == (45, 600)
@@ -124,9 +125,27 @@ def test_config_file_from_the_environment(tmp_path: Path) -> None:
         ("[[tenant]]\ndid = 'alice'\n", "node.toml: tenant[0].did: 'alice' is not a DID"),
         ("[[tenant]]\ndirection = 'sideways'\n", "node.toml: tenant[0].direction: must be pull, push or both"),
         ("[[tenant]]\nscopes = []\n", "node.toml: tenant[0].scopes: must name at least one scope"),
-        ("[[tenant]]\nscopes = ['global', 'global']\n", "node.toml: tenant[0].scopes: a scope is listed twice"),
+        ("[[tenant]]\nscopes = ['global', 'global']\n",
+         "node.toml: tenant[0].scopes[1]: the same scope as tenant[0].scopes[0] (scopeId bafyrei"),
         ("[[tenant]]\nscopes = [{ protocol = 'https://x.org/p', depth = 2 }]\n",
-         "node.toml: tenant[0].scopes: unknown key 'depth' in a scope"),
+         "node.toml: tenant[0].scopes[0]: unknown key 'depth' in a scope"),
+        # A subset scope: each entry is named, with the scope rules' own code and reason.
+        ("[[tenant]]\nscopes = ['global', { protocol = 'https://x.org/p', protocol_path_prefixes = ['a//b'] }]\n",
+         "node.toml: tenant[0].scopes[1]: SyncScopeInvalid: protocolPathPrefixes entry 'a//b' has an empty segment"),
+        ("[[tenant]]\nscopes = [{ protocol = 'https://x.org/p', context_id_prefixes = ['thread'] }]\n",
+         "node.toml: tenant[0].scopes[0]: SyncScopeInvalid: contextIdPrefixes entry 'thread': 'thread' is not a "
+         "recordId (CID)"),
+        ("[[tenant]]\nscopes = [{ protocol_path_prefixes = ['thread'] }]\n",
+         "node.toml: tenant[0].scopes[0]: a scope table needs protocol"),
+        ("[[tenant]]\nscopes = [{ protocol = 'https://x.org/p', protocolPathPrefixes = ['thread'] }]\n",
+         "node.toml: tenant[0].scopes[0]: unknown key 'protocolPathPrefixes' in a scope "
+         "(write protocol_path_prefixes)"),
+        # Two spellings of one scope (a covered prefix, another order) are one scopeId.
+        ("[[tenant]]\nscopes = [{ protocol = 'https://x.org/p', protocol_path_prefixes = ['a', 'b'] },\n"
+         "  { protocol = 'https://x.org/p/', protocol_path_prefixes = ['b', 'a/c', 'a'] }]\n",
+         "node.toml: tenant[0].scopes[1]: the same scope as tenant[0].scopes[0]"),
+        ("[[tenant]]\nscopes = [{ protocol = 'https://x.org/p' }, 'https://x.org/p']\n",
+         "node.toml: tenant[0].scopes[1]: the same scope as tenant[0].scopes[0]"),
         ("[[tenant]]\ncolour = 1\n", "node.toml: tenant[0].colour: unknown key"),
         ("[[peer]]\ntenants = []\n", "node.toml: peer[0].url: is required"),
         ("[[peer]]\nurl = 'http://x:1/'\n", "node.toml: peer[0].url: http://x:1/ is not a wss:// or ws:// URL"),
