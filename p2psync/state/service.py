@@ -273,6 +273,7 @@ class StoreService:
         roles = self._role_paths(tenant, scope.protocol) if scope.kind == "subset" and scope.protocol else ()
         store = self.store
         get_indexes = store.messages.get_indexes
+        matches = scope.matches
 
         def lists(cid: str, message: dict[str, Any]) -> bool:
             descriptor = message.get("descriptor")
@@ -284,7 +285,8 @@ class StoreService:
                     initial = fetch_initial_records_write_message(store, tenant, descriptor["recordId"])
                     tag = ListingFacts.of(initial).protocol_tag if initial is not None else None
                 return scope.lists(ListingFacts.of(indexes, tag), roles)
-            return scope.lists(ListingFacts.of(message), roles)
+            # Intent first: it decides most of a scope's messages, at less cost.
+            return matches(message) or scope.lists(ListingFacts.of(message), roles)
 
         return lists
 
