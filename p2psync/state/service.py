@@ -17,7 +17,7 @@ commit: the trio driver awaits the group commit itself (:meth:`writer` gives it 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Final
 
@@ -50,6 +50,8 @@ from p2psync.state.sketches import SetSketches
 
 __all__ = ["StoreService"]
 
+#: CIDs per ``IN (...)`` lookup: under SQLite's oldest default of 999 bound parameters.
+_IN_CHUNK: Final = 500
 #: (tenant, protocol) pairs whose role paths are kept: a node lists subsets of a few protocols.
 _ROLE_CACHE: Final = 256
 
@@ -352,25 +354,30 @@ class StoreService:
         return data
 
     def _held(self, request: fx.HeldMessages) -> set[str]:
-        has = self.store.messages.has
-        held = {cid for cid in request.cids if has(request.tenant, cid)}
+        tid = self.store.tenant_id(request.tenant, create=False)
+        if tid is None:
+            return set()
+        held = self._present("messages", tid, request.cids)
         if len(held) < len(request.cids):
             # A listing names a message by its log CID; a zero-byte record is stored under the
             # reference's CID (its empty encodedData included), so look for the log entry: the
             # log has exactly one per stored message.
-            held |= self._logged(request.tenant, [c for c in request.cids if c not in held])
+            held |= self._present("events", tid, [c for c in request.cids if c not in held])
         offered = held.intersection(request.with_data)
         if offered:
             held -= archived_without_data(self.store, request.tenant, offered)
         return held
 
-    def _logged(self, tenant: str, cids: list[str]) -> set[str]:
-        tid = self.store.tenant_id(tenant, create=False)
-        if tid is None:
-            return set()
+    def _present(self, table: str, tid: int, cids: Sequence[str]) -> set[str]:
+        """Those of ``cids`` that ``table`` (messages or events) has rows for: one query per
+        :data:`_IN_CHUNK` CIDs rather than one per CID."""
         execute = self.store.conn.execute
-        return {cid for cid in cids
-                if execute("SELECT 1 FROM events WHERE tenant=? AND cid=?", (tid, cid)).fetchone() is not None}
+        found: set[str] = set()
+        for i in range(0, len(cids), _IN_CHUNK):
+            chunk = cids[i : i + _IN_CHUNK]
+            sql = f"SELECT cid FROM {table} WHERE tenant=? AND cid IN ({','.join('?' * len(chunk))})"
+            found.update(str(c) for (c,) in execute(sql, (tid, *chunk)))
+        return found
 
     def _quota_fit(self, request: fx.QuotaFit) -> tuple[int, QuotaExceeded | None]:
         if self.quotas is None:

@@ -598,7 +598,7 @@ def test_generated_histories_any_cut_any_scope(tmp_path_factory: pytest.TempPath
     re-configure): the source holds the history up to a cut, the replica pulls a scope, the
     source takes the rest, the replica pulls again. Both times the subset replica answers as the
     source and holds the closure only; a whole pull then moves only the rest."""
-    seed = data.draw(st.integers(0, 40), label="history")
+    seed = data.draw(st.integers(0, 200), label="history")
     history = generate(seed)
     try:
         where = tmp_path_factory.mktemp("history")
