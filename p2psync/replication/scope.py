@@ -26,18 +26,38 @@ object: sha256 over its DAG-CBOR bytes, in the same self-describing text as mess
 any implementation with a DAG-CBOR encoder recomputes it. Examples in
 ``protocol/replication-state.md``.
 
-``matches`` tests intent only. The effective scope (intent plus its closure: protocol
-definitions, grants, ancestors, squash floors) is the closure loop's business, not this one's.
+``matches`` tests intent only. ``lists`` is the *effective listing rule*: what a source lists
+for the scope, intent plus the closure a sink cannot discover by itself (it asks for what
+the engine needs to *apply* a message; these it needs to *answer* in-scope reads as the full
+replica does, and to stay correct as the source changes):
+
+1. every ProtocolsConfigure of the protocol (a re-configure reaches a path subset);
+2. the permission records (``https://tbd.website/dwn/permissions``: requests, grants,
+   revocations) whose ``protocol`` tag is the protocol or that have none (a grant of no
+   protocol, Messages or Protocols, covers every protocol), and deletes of them: a grantee's
+   read is judged with the grants and revocations, and a MessagesQuery filtered on the
+   protocol lists all three;
+3. ``subset``: records of the protocol at a ``$role`` path of its stored definition, and
+   deletes of them (a reader's role);
+4. ``subset``: RecordsDeletes of records that can be ancestors of in-scope records: the
+   record's protocolPath is a proper segment prefix of a path prefix (any path when there
+   are none) and its contextId a segment prefix of a context prefix (any when there are
+   none): a prune there purges in-scope records.
+
+The rule reads :class:`ListingFacts`, all of which a store keeps for the message, and the
+role paths; the rest of the closure (ancestors, the roles and grants a writer used) the sink
+asks for by reference when the engine refuses for want of them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, TypeAlias, cast
 
 from p2psync.dwn.encoding import compute_cid
 from p2psync.dwn.errors import DwnError
+from p2psync.dwn.permissions import PERMISSIONS_PROTOCOL_URI
 from p2psync.dwn.urls import normalize_protocol_url
 from p2psync.replication.tokens import is_message_cid
 
@@ -45,6 +65,7 @@ __all__ = [
     "MAX_PREFIXES",
     "MAX_PREFIX_CHARS",
     "SCOPE_KINDS",
+    "ListingFacts",
     "ScopeKind",
     "SyncScope",
     "SyncScopeInvalid",
@@ -246,6 +267,90 @@ class SyncScope:
         return not self.context_id_prefixes or (
             isinstance(context_id, str) and any(_segment_prefix(p, context_id) for p in self.context_id_prefixes)
         )
+
+    def lists(self, facts: ListingFacts, role_paths: Collection[str] = ()) -> bool:
+        """Whether a source lists a message for this scope: the effective listing rule (the
+        module doc; protocol/replication-state.md states it for other implementations).
+
+        ``role_paths`` are the ``$role`` paths of the newest stored definition of the scope's
+        protocol (read only for a ``subset``).
+        """
+        if self.kind == "global":
+            return True
+        protocol = self.protocol
+        if facts.protocol != protocol:
+            # The protocol's permission requests, grants and revocations, and those of no
+            # protocol, which cover every one (and deletes of them).
+            return facts.protocol == PERMISSIONS_PROTOCOL_URI and facts.interface == _RECORDS \
+                and facts.protocol_tag in (protocol, None)
+        if self.kind == "protocol":
+            return True
+        if facts.interface == _PROTOCOLS:
+            return facts.method == "Configure"
+        if facts.interface != _RECORDS:
+            return False
+        path, context = facts.protocol_path, facts.context_id
+        if path is None:
+            return False
+        if path in role_paths:
+            return True
+        if self._intent(path, context):
+            return True
+        if facts.method != "Delete":
+            return False
+        # A delete of a record that can be an ancestor of in-scope records.
+        paths, contexts = self.protocol_path_prefixes, self.context_id_prefixes
+        if paths and not any(p != path and _segment_prefix(path, p) for p in paths):
+            return False
+        return not contexts or (context is not None and any(_segment_prefix(context, c) for c in contexts))
+
+    def _intent(self, path: str, context: str | None) -> bool:
+        """A subset's intent test on a record of its protocol."""
+        if self.protocol_path_prefixes and not any(_segment_prefix(p, path) for p in self.protocol_path_prefixes):
+            return False
+        return not self.context_id_prefixes or (
+            context is not None and any(_segment_prefix(p, context) for p in self.context_id_prefixes)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ListingFacts:
+    """What the effective listing rule (:meth:`SyncScope.lists`) reads of one stored message.
+
+    ``protocol``, ``protocol_path`` and ``context_id`` are those of the message's indexes (a
+    RecordsDelete's are its record's; a ProtocolsConfigure's protocol is its definition's).
+    ``protocol_tag`` is the ``protocol`` tag of a permissions-protocol record: a RecordsWrite's
+    own ``descriptor.tags.protocol``, a RecordsDelete's record's initial write's (None otherwise).
+    """
+
+    interface: str | None
+    method: str | None
+    protocol: str | None
+    protocol_path: str | None = None
+    context_id: str | None = None
+    protocol_tag: str | None = None
+
+    @classmethod
+    def of(cls, indexes_or_message: Mapping[str, Any], protocol_tag: str | None = None) -> ListingFacts:
+        """The facts of a message (not a RecordsDelete: it names no protocol) or of the index
+        key-values stored for it; ``protocol_tag`` overrides the one a message's tags give."""
+        descriptor = indexes_or_message.get("descriptor")
+        if isinstance(descriptor, Mapping):
+            interface, method = descriptor.get("interface"), descriptor.get("method")
+            if protocol_tag is None:
+                tags = descriptor.get("tags")
+                protocol_tag = tags.get("protocol") if isinstance(tags, Mapping) else None
+        else:
+            interface, method = indexes_or_message.get("interface"), indexes_or_message.get("method")
+            if protocol_tag is None:
+                protocol_tag = indexes_or_message.get("tag.protocol")
+        protocol, protocol_path, context_id = _facts(indexes_or_message)
+        return cls(_str(interface), _str(method), _str(protocol), _str(protocol_path), _str(context_id),
+                   _str(protocol_tag))
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def _facts(obj: Mapping[str, Any]) -> tuple[Any, Any, Any]:

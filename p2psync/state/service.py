@@ -16,9 +16,10 @@ commit: the trio driver awaits the group commit itself (:meth:`writer` gives it 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import json
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Final
 
 import apsw
 
@@ -26,13 +27,17 @@ from p2psync.dwn.canonical import archived_without_data
 from p2psync.dwn.encoding import message_cid
 from p2psync.dwn.engine import Dwn
 from p2psync.dwn.errors import DwnError
+from p2psync.dwn.generic_message import get_newest_message
+from p2psync.dwn.permissions import PERMISSIONS_PROTOCOL_URI
 from p2psync.dwn.progress import ProgressToken
+from p2psync.dwn.protocols import fetch_all_role_paths
+from p2psync.dwn.records_write import fetch_initial_records_write_message
 from p2psync.dwn.replication_types import ReplicationApplyResult
 from p2psync.dwn.store import Store
 from p2psync.errors import CheckpointRevConflict, LocalMisuse, QuotaExceeded
 from p2psync.replication import effects as fx
 from p2psync.replication.checkpoint import CheckpointPendingOverflow
-from p2psync.replication.scope import SyncScope
+from p2psync.replication.scope import ListingFacts, SyncScope
 from p2psync.replication.wire import PeerError
 from p2psync.state.authz import ReadAuthorizer
 from p2psync.state.committer import GroupCommitter, StoreUnavailable
@@ -44,6 +49,11 @@ from p2psync.state.quota import Quotas
 from p2psync.state.sketches import SetSketches
 
 __all__ = ["StoreService"]
+
+#: CIDs per ``IN (...)`` lookup: under SQLite's oldest default of 999 bound parameters.
+_IN_CHUNK: Final = 500
+#: (tenant, protocol) pairs whose role paths are kept: a node lists subsets of a few protocols.
+_ROLE_CACHE: Final = 256
 
 
 class StoreService:
@@ -75,6 +85,8 @@ class StoreService:
         # Fold the set changes once a batch of journal rows waits: a reconcile never starts with
         # a long journal to fold, and digests and sketches fold first anyway (setindex.FOLD_BATCH).
         committer.after_commit(self.sketches.index.catch_up_if_due)
+        #: $role paths of each (tenant, protocol) a subset is listed for, by its configures' CIDs
+        self._roles: dict[tuple[str, str], tuple[frozenset[str], frozenset[str]]] = {}
         #: ledger steps waiting for the open batch's commit, by (link key, direction)
         self._at_commit: dict[tuple[Any, Any], list[Any]] = {}
         self._sync: dict[type, Callable[[Any], Any]] = {
@@ -232,7 +244,8 @@ class StoreService:
             )
         may_read = self._may_read(tenant, request.decision)
         scope = request.scope
-        in_scope = None if scope.kind == "global" else self._in_scope
+        # The whole tenant lists everything: no per-message test (issue #17's fast path).
+        in_scope = None if scope.kind == "global" else self._lister(tenant, scope)
         listed_entry = self.fetcher.listed_entry
         page: list[fx.PageRow] = []
         domain: ProgressToken | None = None
@@ -247,21 +260,61 @@ class StoreService:
                 continue
             listed = listed_entry(tenant, cid)
             entry, size = listed if listed is not None else (None, None)
-            if entry is not None and in_scope is not None and not in_scope(tenant, cid, entry.message, scope):
+            if entry is not None and in_scope is not None and not in_scope(cid, entry.message):
                 page.append(fx.PageRow(token, "out_of_scope"))
                 continue
             readable = entry is not None and (may_read is None or may_read(entry.message))
             page.append(fx.PageRow(token, "listed", entry, size, readable))
         return page
 
-    def _in_scope(self, tenant: str, cid: str, message: dict[str, Any], scope: SyncScope) -> bool:
-        """Whether a listed message is in ``scope``; a RecordsDelete names no protocol, so its
-        stored indexes (which carry its record's) decide."""
-        descriptor = message.get("descriptor")
-        if isinstance(descriptor, dict) and descriptor.get("interface") == "Records" \
-                and descriptor.get("method") == "Delete":
-            return scope.matches(self.store.messages.get_indexes(tenant, cid) or {})
-        return scope.matches(message)
+    def _lister(self, tenant: str, scope: SyncScope) -> Callable[[str, dict[str, Any]], bool]:
+        """Whether a listed message is in ``scope``'s effective listing (``SyncScope.lists``:
+        intent plus the closure a sink cannot ask for). A RecordsDelete names no protocol, so
+        its stored indexes (which carry its record's) decide; a delete of a permission record
+        takes the ``protocol`` tag of the record's initial write."""
+        roles = self._role_paths(tenant, scope.protocol) if scope.kind == "subset" and scope.protocol else ()
+        store = self.store
+        get_indexes = store.messages.get_indexes
+        matches = scope.matches
+
+        def lists(cid: str, message: dict[str, Any]) -> bool:
+            descriptor = message.get("descriptor")
+            if isinstance(descriptor, dict) and descriptor.get("interface") == "Records" \
+                    and descriptor.get("method") == "Delete":
+                indexes = get_indexes(tenant, cid) or {}
+                tag = None
+                if indexes.get("protocol") == PERMISSIONS_PROTOCOL_URI and isinstance(descriptor.get("recordId"), str):
+                    initial = fetch_initial_records_write_message(store, tenant, descriptor["recordId"])
+                    tag = ListingFacts.of(initial).protocol_tag if initial is not None else None
+                return scope.lists(ListingFacts.of(indexes, tag), roles)
+            # Intent first: it decides most of a scope's messages, at less cost.
+            return matches(message) or scope.lists(ListingFacts.of(message), roles)
+
+        return lists
+
+    def _role_paths(self, tenant: str, protocol: str) -> frozenset[str]:
+        """The ``$role`` paths of the newest stored definition of ``protocol``, cached by the
+        CIDs of the stored configures (a new configure changes them, so the cache follows)."""
+        rows = self.store.conn.execute(
+            "SELECT m.cid, m.body FROM messages m JOIN tenants t ON t.id = m.tenant"
+            " WHERE t.did=? AND m.interface='Protocols' AND m.method='Configure' AND m.protocol=?",
+            (tenant, protocol),
+        ).fetchall()
+        key = (tenant, protocol)
+        stamp = frozenset(str(cid) for cid, _ in rows)
+        cached = self._roles.get(key)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        newest = get_newest_message([json.loads(str(body)) for _, body in rows])
+        paths: frozenset[str] = frozenset()
+        if newest is not None:
+            structure = newest["descriptor"]["definition"].get("structure")
+            if isinstance(structure, dict):
+                paths = frozenset(fetch_all_role_paths("", structure, []))
+        if len(self._roles) >= _ROLE_CACHE:
+            self._roles.clear()
+        self._roles[key] = (stamp, paths)
+        return paths
 
     def _answer_refs(self, request: fx.AnswerRefs) -> list[tuple[list[Any], bool]]:
         may_read = self._may_read(request.tenant, request.decision)
@@ -301,12 +354,30 @@ class StoreService:
         return data
 
     def _held(self, request: fx.HeldMessages) -> set[str]:
-        has = self.store.messages.has
-        held = {cid for cid in request.cids if has(request.tenant, cid)}
+        tid = self.store.tenant_id(request.tenant, create=False)
+        if tid is None:
+            return set()
+        held = self._present("messages", tid, request.cids)
+        if len(held) < len(request.cids):
+            # A listing names a message by its log CID; a zero-byte record is stored under the
+            # reference's CID (its empty encodedData included), so look for the log entry: the
+            # log has exactly one per stored message.
+            held |= self._present("events", tid, [c for c in request.cids if c not in held])
         offered = held.intersection(request.with_data)
         if offered:
             held -= archived_without_data(self.store, request.tenant, offered)
         return held
+
+    def _present(self, table: str, tid: int, cids: Sequence[str]) -> set[str]:
+        """Those of ``cids`` that ``table`` (messages or events) has rows for: one query per
+        :data:`_IN_CHUNK` CIDs rather than one per CID."""
+        execute = self.store.conn.execute
+        found: set[str] = set()
+        for i in range(0, len(cids), _IN_CHUNK):
+            chunk = cids[i : i + _IN_CHUNK]
+            sql = f"SELECT cid FROM {table} WHERE tenant=? AND cid IN ({','.join('?' * len(chunk))})"
+            found.update(str(c) for (c,) in execute(sql, (tid, *chunk)))
+        return found
 
     def _quota_fit(self, request: fx.QuotaFit) -> tuple[int, QuotaExceeded | None]:
         if self.quotas is None:

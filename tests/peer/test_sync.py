@@ -391,11 +391,16 @@ async def test_grantee_reads_what_the_grant_allows(tmp_path: Path) -> None:
             await Peer(carol_store, carol).sync(url, tenant=ALICE.did)
         assert (err.value.code, err.value.name) == (403, "SyncNotAuthorized")
         summary = await Peer(carol_store, carol).sync(url, tenant=ALICE.did, scope=SyncScope.for_protocol(SHARED))
-    assert summary.pull is not None and summary.pull.results.get("Applied") == 3 + 1  # the docs + the configure
+    # The docs, the configure and the scope's permission records she may read: her own two
+    # grants. Bob's (of no protocol, so in every protocol's listing) are offered, not readable.
+    assert summary.pull is not None and summary.pull.results.get("Applied") == 3 + 1 + 2
+    assert summary.pull.items_offered == 3 + 1 + 2 + 2
     held = [carol_store.messages.get(ALICE.did, c) for c in carol_store.messages.cids(ALICE.did)]
     got = {m.get("recordId") for m in held if m is not None}
     assert set(shared_ids) <= got
-    assert len(carol_store.messages.cids(ALICE.did)) == 4  # no notes, no grants
+    grants = [m for m in held if m is not None and m["descriptor"].get("protocolPath") == "grant"]
+    assert len(grants) == 2 and {m["descriptor"]["recipient"] for m in grants} == {carol.did}
+    assert len(carol_store.messages.cids(ALICE.did)) == 6  # no notes, no grants of bob's
 
 
 async def test_a_scoped_pull_lists_deletes_by_their_records_protocol(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from p2psync.dwn.protocols import ProtocolsConfigure
 from p2psync.dwn.records import create_records_delete
 from p2psync.dwn.records_write import RecordsWrite
 from p2psync.dwn.store import Store
-from p2psync.replication.scope import MAX_PREFIXES, SyncScope, SyncScopeInvalid, SyncScopeUndecidable
+from p2psync.replication.scope import MAX_PREFIXES, ListingFacts, SyncScope, SyncScopeInvalid, SyncScopeUndecidable
 
 CHAT = "https://example.com/chat"
 CTX = compute_cid({"n": 1})  # a well-formed recordId
@@ -246,4 +246,70 @@ def test_matches_real_messages_and_their_stored_indexes(tmp_path: Path) -> None:
                     scope.matches(message)
             else:
                 assert scope.matches(message) is (name in expected[scope_name]), (scope_name, name)
+    dwn.close()
+
+
+# -- the effective listing rule ------------------------------------------------------------------
+
+PERMISSIONS = "https://tbd.website/dwn/permissions"
+CTX2 = compute_cid({"n": 2})
+
+
+def _facts(method: str, protocol: str | None, path: str | None = None, context: str | None = None,
+           tag: str | None = None, interface: str = "Records") -> ListingFacts:
+    return ListingFacts(interface, method, protocol, path, context, tag)
+
+
+@pytest.mark.parametrize(("scope", "facts", "roles", "listed"), [
+    # intent
+    (SyncScope.subset(CHAT, ["thread/chat"]), _facts("Write", CHAT, "thread/chat", f"{CTX}/{CTX2}"), (), True),
+    (SyncScope.subset(CHAT, ["thread/chat"]), _facts("Write", CHAT, "thread", CTX), (), False),
+    # 1. every configure of the protocol, not another's
+    (SyncScope.subset(CHAT, ["thread"]), _facts("Configure", CHAT, interface="Protocols"), (), True),
+    (SyncScope.subset(CHAT, ["thread"]), _facts("Configure", "https://example.com/x", interface="Protocols"), (),
+     False),
+    # 2. permission records tagged with the protocol or untagged, in protocol and subset scopes
+    (SyncScope.for_protocol(CHAT), _facts("Write", PERMISSIONS, "grant", CTX, tag=CHAT), (), True),
+    (SyncScope.subset(CHAT, ["thread"]), _facts("Write", PERMISSIONS, "grant/revocation", f"{CTX}/{CTX2}",
+                                                tag=CHAT), (), True),
+    (SyncScope.subset(CHAT, ["thread"]), _facts("Delete", PERMISSIONS, "grant", CTX, tag=CHAT), (), True),
+    (SyncScope.subset(CHAT, ["thread"]), _facts("Write", PERMISSIONS, "grant", CTX), (), True),
+    (SyncScope.subset(CHAT, ["thread"]), _facts("Write", PERMISSIONS, "request", CTX, tag="https://example.com/x"),
+     (), False),
+    # 3. records and deletes at a role path (subset only: a protocol scope has them anyway)
+    (SyncScope.subset(CHAT, ["thread/chat"]), _facts("Write", CHAT, "friend", CTX), ("friend",), True),
+    (SyncScope.subset(CHAT, ["thread/chat"]), _facts("Delete", CHAT, "thread/member", f"{CTX}/{CTX2}"),
+     ("friend", "thread/member"), True),
+    (SyncScope.subset(CHAT, ["thread/chat"]), _facts("Write", CHAT, "friend", CTX), (), False),
+    # 4. deletes of possible ancestors: a proper path prefix, within the context prefixes
+    (SyncScope.subset(CHAT, ["thread/chat"]), _facts("Delete", CHAT, "thread", CTX), (), True),
+    (SyncScope.subset(CHAT, ["thread/chat"]), _facts("Write", CHAT, "thread", CTX), (), False),
+    (SyncScope.subset(CHAT, ["thread/chat"]), _facts("Delete", CHAT, "post", CTX), (), False),
+    (SyncScope.subset(CHAT, ["thread/chat"]), _facts("Delete", CHAT, "thread/other", CTX), (), False),
+    (SyncScope.subset(CHAT, (), [f"{CTX}/{CTX2}"]), _facts("Delete", CHAT, "thread", CTX), (), True),
+    (SyncScope.subset(CHAT, (), [f"{CTX}/{CTX2}"]), _facts("Delete", CHAT, "thread", CTX2), (), False),
+    (SyncScope.subset(CHAT, ["thread/chat"], [CTX]), _facts("Delete", CHAT, "thread", CTX2), (), False),
+    (SyncScope.subset(CHAT, ["thread/chat"], [CTX]), _facts("Delete", CHAT, "thread", CTX), (), True),
+    # the whole tenant lists everything
+    (SyncScope.global_scope(), _facts("Write", None), (), True),
+])
+def test_the_effective_listing_rule(scope: SyncScope, facts: ListingFacts, roles: tuple[str, ...],
+                                    listed: bool) -> None:
+    assert scope.lists(facts, roles) is listed
+
+
+def test_listing_facts_of_a_message_and_of_indexes_agree(tmp_path: Path) -> None:
+    alice = Identity.from_private_bytes(b"\x07" * 32)
+    dwn = Dwn(Store(tmp_path / "s.db"))
+    definition = {"protocol": CHAT, "published": True, "types": {"thread": {}}, "structure": {"thread": {}}}
+    configure = ProtocolsConfigure.create(definition=definition, signer=alice).message
+    assert dwn.process_message(alice.did, configure).code == 202
+    write = RecordsWrite.create(signer=alice, data=b"x", protocol=CHAT, protocol_path="thread",
+                                tags={"protocol": "https://example.com/tagged"}).message
+    assert dwn.process_message(alice.did, write, b"x").code == 202
+    for message in (configure, write):
+        indexes = dwn.store.messages.get_indexes(alice.did, message_cid(message))
+        assert indexes is not None
+        assert ListingFacts.of(message) == ListingFacts.of(indexes)
+    assert ListingFacts.of(write).protocol_tag == "https://example.com/tagged"
     dwn.close()
