@@ -110,13 +110,14 @@ def test_subset_sync_holds_its_closure_and_keeps_its_own_checkpoints(
     notes = SyncScope.subset(NOTES, ["note"])
 
     with serving(a) as served:
-        # Only the attachment is in scope; its parent note and the protocol come as its closure.
+        # Only the attachment is in scope; the protocol is listed as the scope's metadata, and the
+        # parent note comes as the attachment's closure.
         code, out, err = run(capsys, b, "sync", served.url, "--protocol", NOTES, "--path-prefix", "note/attachment",
                              "--json")
         assert code == 0, err
         summary = json.loads(out)
         assert summary["scope"] == attachments.to_wire() and summary["scopeId"] == attachments.scope_id
-        assert summary["pull"]["revs_applied"] == 1 and summary["pull"]["dependencies_fetched"] == 2
+        assert summary["pull"]["revs_applied"] == 2 and summary["pull"]["dependencies_fetched"] == 1
         assert _held(capsys, b) == {first["recordId"], attached["recordId"]}  # not the second note
         assert digest(capsys, b)[did]["messages"] == 3  # configure, note, attachment: nothing else
 
