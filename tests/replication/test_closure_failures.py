@@ -21,7 +21,10 @@ from typing import Any
 
 import pytest
 
+from p2psync.dwn import permissions
+from p2psync.dwn.encoding import b64url_encode
 from p2psync.dwn.engine import Dwn
+from p2psync.dwn.permission_grant import PermissionGrant
 from p2psync.dwn.replication_types import Applied, Incomplete, Parent
 from p2psync.dwn.store import Store
 from p2psync.replication.closure import (
@@ -51,6 +54,16 @@ class Case:
     code: str
 
 
+def _revoked_grant_world() -> ChatWorld:
+    """grant_world, and alice revokes bob's grant after his note (the note stays valid)."""
+    w = grant_world()
+    grant = w.steps["grant"]
+    parsed = PermissionGrant({**grant.message, "encodedData": b64url_encode(grant.data or b"")})
+    revocation, data = permissions.create_revocation(signer=w.alice, grant=parsed, date_revoked=w.clock.tick())
+    w.add("revocation", revocation.message, data)
+    return w
+
+
 def _chat_without_delete() -> ChatWorld:
     w = chat_world()
     del w.steps["note-delete"]  # the note keeps its update
@@ -64,6 +77,9 @@ CASES = {
     "context": Case(chat_world, "thread", "reaction", ("thread/chat/reaction",), "ClosureContextChainMissing"),
     "role": Case(chat_world, "participant", "chat", ("thread/chat",), "ClosureRoleRecordMissing"),
     "grant": Case(grant_world, "grant", "granted-note", ("note",), "ClosureGrantMissing"),
+    # A closure operation of the scope (a revocation the source lists for it) that cannot be
+    # admitted is named by what the replica lacks: the revocation.
+    "revocation": Case(_revoked_grant_world, "grant", "revocation", ("note",), "ClosureGrantRevocationMissing"),
 }
 
 
