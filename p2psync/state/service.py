@@ -236,11 +236,12 @@ class StoreService:
         if store.tenant_id(tenant, create=False) is None:
             return []
         stream_id, epoch = store.events.stream(tenant)
-        rows = store.events.read(tenant, after=request.after, limit=request.limit)
+        # Each entry with its message's stored text, read in one statement for the page.
+        rows = self.fetcher.log_page(tenant, request.after, request.limit)
         echoes: set[str] = set()
         if request.suppress_origin is not None and rows:
             echoes = self.origins.from_store(
-                tenant, [c for p, c in rows if p > request.replay_until], request.suppress_origin
+                tenant, [c for p, c, _ in rows if p > request.replay_until], request.suppress_origin
             )
         may_read = self._may_read(tenant, request.decision)
         scope = request.scope
@@ -249,7 +250,7 @@ class StoreService:
         listed_entry = self.fetcher.listed_entry
         page: list[fx.PageRow] = []
         domain: ProgressToken | None = None
-        for position, cid in rows:
+        for position, cid, stored in rows:
             # The first token checks the domain; the others share it (ProgressToken.of_own_log).
             if domain is None:
                 token = domain = ProgressToken(stream_id, epoch, position, cid)
@@ -258,7 +259,7 @@ class StoreService:
             if cid in echoes:
                 page.append(fx.PageRow(token, "echo"))
                 continue
-            listed = listed_entry(tenant, cid)
+            listed = listed_entry(tenant, cid, stored)
             entry, size = listed if listed is not None else (None, None)
             if entry is not None and in_scope is not None and not in_scope(cid, entry.message):
                 page.append(fx.PageRow(token, "out_of_scope"))
