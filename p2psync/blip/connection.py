@@ -111,12 +111,14 @@ class MessageData:
     """More body bytes of an incoming message; ``complete`` marks its last piece.
 
     ``size`` is the frame's flow-control byte count: under manual credit, pass it to
-    :meth:`BlipConnection.credit` once the data is consumed.
+    :meth:`BlipConnection.credit` once the data is consumed. ``data`` of an uncompressed
+    frame is a read-only view into the WebSocket message it came in (no copy; nothing changes
+    that message afterwards); ``bytes(data)`` when bytes are needed.
     """
 
     type: int
     number: int
-    data: bytes
+    data: bytes | memoryview
     complete: bool
     size: int
 
@@ -682,7 +684,7 @@ class BlipConnection:
         mtype: int,
         number: int,
         flags: int,
-        body: bytes,
+        body: bytes | memoryview,
         size: int,
         table: dict[int, _Incoming],
     ) -> list[Event]:
@@ -696,7 +698,7 @@ class BlipConnection:
                         properties = decode_properties(body[1:end])
                     except ValueError as exc:
                         return self._malformed(mtype, number, flags, str(exc), None)
-                    return [MessageStart(mtype, number, flags, properties, body[end:], True, size)]
+                    return [MessageStart(mtype, number, flags, properties, bytes(body[end:]), True, size)]
             try:
                 parsed = _parse_head(body)
                 if parsed is None:
@@ -704,7 +706,7 @@ class BlipConnection:
             except ValueError as exc:
                 return self._malformed(mtype, number, flags, str(exc), None)
             properties, offset = parsed
-            return [MessageStart(mtype, number, flags, properties, body[offset:], True, size)]
+            return [MessageStart(mtype, number, flags, properties, bytes(body[offset:]), True, size)]
         incoming = _Incoming(mtype, number, flags)
         table[number] = incoming
         return self._next_frame(incoming, flags, body, size, table)
@@ -713,7 +715,7 @@ class BlipConnection:
         self,
         incoming: _Incoming,
         flags: int,
-        body: bytes,
+        body: bytes | memoryview,
         size: int,
         table: dict[int, _Incoming],
     ) -> list[Event]:
@@ -771,7 +773,7 @@ class BlipConnection:
             ack_type = ACK_MSG if incoming.type == MSG else ACK_RPY
             self._acks.append((ack_type, incoming.number, after))
 
-    def _receive_ack(self, mtype: int, number: int, flags: int, body: bytes) -> list[Event]:
+    def _receive_ack(self, mtype: int, number: int, flags: int, body: bytes | memoryview) -> list[Event]:
         table = self._out_requests if mtype == ACK_MSG else self._out_replies
         msg = table.get(number)
         try:

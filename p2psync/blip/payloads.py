@@ -43,21 +43,22 @@ class IncomingBody:
 
     Iterate it (``async for chunk in body``) or call :meth:`read_all`. The sender is
     acknowledged only for what has been taken out, so a reader that stops reading stops the
-    sender after one flow-control window.
+    sender after one flow-control window. A chunk may be a read-only ``memoryview`` of the
+    frame it came in (no copy), or ``bytes``; :meth:`read_all` gives ``bytes``.
     """
 
     def __init__(self, connection: CreditSink, mtype: int, number: int) -> None:
         self._connection = connection
         self._type = mtype
         self._number = number
-        self._chunks: deque[tuple[bytes, int]] = deque()
+        self._chunks: deque[tuple[bytes | memoryview, int]] = deque()
         self._complete = False
         self._error: BaseException | None = None
         self._arrived = trio.Event()
         #: Bytes received and not yet taken by the reader.
         self.buffered = 0
 
-    def _feed(self, data: bytes, size: int, complete: bool) -> None:
+    def _feed(self, data: bytes | memoryview, size: int, complete: bool) -> None:
         if data or size:
             self._chunks.append((data, size))
             self.buffered += len(data)
@@ -70,10 +71,10 @@ class IncomingBody:
             self._error = error
             self._arrived.set()
 
-    def __aiter__(self) -> AsyncIterator[bytes]:
+    def __aiter__(self) -> AsyncIterator[bytes | memoryview]:
         return self
 
-    async def __anext__(self) -> bytes:
+    async def __anext__(self) -> bytes | memoryview:
         while True:
             if self._chunks:
                 data, size = self._chunks.popleft()
@@ -92,7 +93,7 @@ class IncomingBody:
 
     async def read_all(self, limit: int | None = None) -> bytes:
         """Read the rest of the body; raise ``ValueError`` beyond ``limit`` bytes."""
-        parts: list[bytes] = []
+        parts: list[bytes | memoryview] = []
         total = 0
         async for chunk in self:
             total += len(chunk)

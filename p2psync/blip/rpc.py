@@ -245,7 +245,7 @@ class _Assembly:
 
     def __init__(self, start: MessageStart) -> None:
         self.start = start
-        self.parts = [start.body]
+        self.parts: list[bytes | memoryview] = [start.body]  # frames' views, joined once
         self.size = len(start.body)
 
 

@@ -25,6 +25,7 @@ Everything here is built by hand: hashing dominates, so large data goes at sha25
 from __future__ import annotations
 
 import hashlib
+import threading
 from dataclasses import dataclass
 from typing import Final
 
@@ -192,13 +193,47 @@ class DataCidBuilder:
         return _cid_string(self._tree.root())
 
 
+_local = threading.local()
+
+
+class known:  # noqa: N801 - used as a statement: ``with datacid.known(data, cid):``
+    """``with known(data, cid):`` — :func:`data_cid` of this very ``bytes`` object is ``cid``
+    until the block ends, on this thread.
+
+    For a caller that hashed the data as its pieces arrived (a :class:`DataCidBuilder` fed
+    exactly the pieces ``data`` was joined from): the sink's check and the engine's then take
+    that CID instead of hashing 10 MiB twice more (issue #17). Kept by identity and only while
+    the block runs: a ``bytes`` object cannot change, and the block holds it alive, so its
+    identity cannot pass to other bytes meanwhile. Any other object, equal or not, is hashed.
+    """
+
+    __slots__ = ("_fact", "_previous")
+
+    def __init__(self, data: bytes, cid: str) -> None:
+        if type(data) is not bytes:
+            raise TypeError("only an immutable bytes object can be known by identity")
+        self._fact = (data, cid)
+        self._previous: tuple[bytes, str] | None = None
+
+    def __enter__(self) -> None:
+        self._previous = getattr(_local, "known", None)
+        _local.known = self._fact
+
+    def __exit__(self, *exc: object) -> None:
+        _local.known = self._previous
+        self._previous = None
+
+
 def data_cid(data: bytes | bytearray | memoryview) -> str:
     """Return the reference DWN's ``dataCid`` of ``data``.
 
     Within an engine call (:mod:`p2psync.dwn.memo`) the CID of the last ``bytes`` object
     hashed is kept: the replicated apply checks the data before the handler checks it again,
-    and a ``bytes`` object cannot change.
+    and a ``bytes`` object cannot change. Within :class:`known`, its object's CID is taken.
     """
+    fact: tuple[bytes, str] | None = getattr(_local, "known", None)
+    if fact is not None and fact[0] is data:
+        return fact[1]
     held = memo.current()
     if held is None or type(data) is not bytes:
         return _data_cid(data)

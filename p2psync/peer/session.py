@@ -21,6 +21,7 @@ import trio
 
 from p2psync import blip
 from p2psync.blip.rpc import MAX_QUEUED_REPLY_BYTES_HARD
+from p2psync.dwn import datacid
 from p2psync.replication.effects import (
     AwaitClaim,
     ClaimMessages,
@@ -326,8 +327,12 @@ class PeerSession:
         assert conn is not None
         try:
             if out.max_reply is not None:
-                body = await self._streamed(out, out.max_reply)
-                self.proto.receive_response(out.ref, {}, body)
+                body, cid = await self._streamed(out, out.max_reply)
+                # The data was hashed as it arrived: the sink's check and the engine's apply
+                # (both run by this pump) take that CID instead of hashing it twice again.
+                with datacid.known(body, cid) if cid is not None else contextlib.nullcontext():
+                    self.proto.receive_response(out.ref, {}, body)
+                    self.pump()
             else:
                 reply = await conn.request(out.profile, out.properties, out.body, compress=out.compress,
                                            urgent=out.urgent)
@@ -340,11 +345,17 @@ class PeerSession:
             self.proto.connection_lost(conn.close_reason or str(exc) or "closed")
         self.pump()
 
-    async def _streamed(self, out: SendRequest, limit: int) -> bytes:
-        """A reply read as it streams; more than ``limit`` bytes closes the connection (BLIP
+    async def _streamed(self, out: SendRequest, limit: int) -> tuple[bytes, str | None]:
+        """A reply read as it streams, and for `getAttachment` its data CID, hashed while the
+        rest is still on the way; more than ``limit`` bytes closes the connection (BLIP
         cannot cancel a reply; §9.1)."""
         assert self.conn is not None
+        # One growing buffer rather than a list joined at the end: the pieces would all stay
+        # alive until the join, and 10 MiB of fresh heap a record costs more page faults than
+        # the buffer's growth (measured: 9.3 against 7.0 ms a 10 MiB record).
         buf = bytearray()
+        hasher = datacid.DataCidBuilder() if out.profile == "getAttachment" else None
+        hashed = 0  # bytes of buf fed to the hasher: whole chunks of the data CID's, not frames
         async with self.conn.request_stream(out.profile, out.properties, out.body) as reply:
             async for chunk in reply.body_stream:
                 buf += chunk
@@ -352,7 +363,14 @@ class PeerSession:
                     log.info("closing: P2PSync 413 AttachmentTooLong %s", out.properties.get("messageCid", ""))
                     await self.conn.aclose(code=1008, reason="P2PSync 413 AttachmentTooLong")
                     raise PeerError(424, "AttachmentInvalid", "more data than dataSize")
-        return bytes(buf)
+                if hasher is not None and len(buf) - hashed >= datacid.CHUNK_SIZE:
+                    end = hashed + datacid.CHUNK_SIZE
+                    hasher.update(memoryview(buf)[hashed:end])  # the view dies here: buf may grow
+                    hashed = end
+        if hasher is None:
+            return bytes(buf), None
+        hasher.update(memoryview(buf)[hashed:])
+        return bytes(buf), hasher.finish()
 
     async def _close(self, out: CloseConnection) -> None:
         assert self.conn is not None

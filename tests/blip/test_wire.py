@@ -140,6 +140,20 @@ frame_spec = st.tuples(
 )
 
 
+def test_decoded_body_of_a_plain_frame_is_a_read_only_view_of_the_frame() -> None:
+    # websockets hands frames over as bytearrays: the body is not copied out of them (issue #17)
+    body = bytes(range(256)) * 40
+    frame = bytearray(FrameEncoder().encode(1, RPY | MORE_COMING, body))
+    _, _, decoded, _ = FrameDecoder().decode(frame)
+    assert isinstance(decoded, memoryview) and decoded.readonly and decoded.obj is frame
+    assert decoded == body
+    with pytest.raises(TypeError):
+        decoded[0] = 0  # type: ignore[index]
+    # a compressed frame's body is what inflating made: bytes of its own
+    packed = bytearray(FrameEncoder().encode(1, RPY | COMPRESSED, body))
+    assert FrameDecoder().decode(packed)[2] == body
+
+
 @settings(deadline=None)
 @given(st.lists(frame_spec, min_size=1, max_size=12))
 def test_codec_round_trips_a_stream_of_frames(frames: list[tuple[int, int, bool, bytes]]) -> None:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from p2psync.dwn.datacid import CHUNK_SIZE, MAX_CHILDREN_PER_NODE, DataCidBuilder, data_cid
+from p2psync.dwn.datacid import CHUNK_SIZE, MAX_CHILDREN_PER_NODE, DataCidBuilder, data_cid, known
 from tests.dwn.oracle_utils import needs_reference, run_oracle
 
 MIB = 1024 * 1024
@@ -186,3 +186,17 @@ def test_builder_refuses_a_degenerate_layout() -> None:
         DataCidBuilder(chunk_size=0)
     with pytest.raises(ValueError):
         DataCidBuilder(max_children=1)
+
+
+def test_known_cid_is_taken_only_for_that_object_and_only_inside_the_block() -> None:
+    data = _pattern(CHUNK_SIZE + 5)
+    twin = bytes(bytearray(data))  # equal contents, another object
+    with known(data, "bafy-claimed"):
+        assert data_cid(data) == "bafy-claimed"  # the caller's fact, by identity
+        assert data_cid(twin) == data_cid(bytearray(data)) != "bafy-claimed"  # others are hashed
+        with known(twin, "bafy-inner"):
+            assert data_cid(twin) == "bafy-inner" and data_cid(data) != "bafy-claimed"
+        assert data_cid(data) == "bafy-claimed"  # the outer fact is back
+    assert data_cid(data) == data_cid(twin) != "bafy-claimed"
+    with pytest.raises(TypeError):
+        known(bytearray(data), "bafy-mutable")  # type: ignore[arg-type]

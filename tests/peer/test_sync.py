@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from p2psync.dwn import datacid
 from p2psync.dwn.encoding import message_cid
 from p2psync.peer import peer as peer_module
 from p2psync.peer.peer import Peer
@@ -305,6 +306,27 @@ async def test_forged_message_pushed_is_refused_and_harms_nothing(
 
 
 BIG = 5 * 1024 * 1024 + 17  # ≥ 5 MiB: out of line, by getAttachment
+
+
+async def test_fetched_attachment_is_hashed_once_as_it_arrives(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The syncing side hashes a fetched attachment while it streams; the sink's check and the
+    engine's take that CID (issue #17: each used to hash the 10 MiB again)."""
+    a, b = new_store(tmp_path, "a"), new_store(tmp_path, "b")
+    write_notes(a, ALICE, 2, clock=Clock(), sizes={1: BIG})
+    whole_hashes: list[int] = []
+    real = datacid._data_cid
+
+    def counted(data: bytes | bytearray | memoryview) -> str:
+        whole_hashes.append(len(data))
+        return real(data)
+
+    monkeypatch.setattr(datacid, "_data_cid", counted)
+    passive, active = Peer(a, ALICE), Peer(b, ALICE)
+    async with served(passive) as url:
+        summary = await active.sync(url, tenant=ALICE.did)
+    assert summary.pull is not None and summary.pull.attachments_fetched == 1
+    assert BIG not in whole_hashes
+    assert_same(a, b, ALICE)
 
 
 @pytest.mark.parametrize("damage", ["truncated", "mismatched"])
