@@ -32,11 +32,11 @@ the engine needs to *apply* a message; these it needs to *answer* in-scope reads
 replica does, and to stay correct as the source changes):
 
 1. every ProtocolsConfigure of the protocol (a re-configure reaches a path subset);
-2. the permission records (``https://tbd.website/dwn/permissions``: requests, grants,
-   revocations) whose ``protocol`` tag is the protocol or that have none (a grant of no
-   protocol, Messages or Protocols, covers every protocol), and deletes of them: a grantee's
-   read is judged with the grants and revocations, and a MessagesQuery filtered on the
-   protocol lists all three;
+2. every permission record (``https://tbd.website/dwn/permissions``: requests, grants,
+   revocations, and deletes of them): a grantee's read is judged with the grants and
+   revocations (a grant of no protocol covers every one, and a read that cites another
+   protocol's grant falls back to what anyone may see, which needs that grant too), and a
+   MessagesQuery filtered on the protocol lists the tagged requests;
 3. ``subset``: records of the protocol at a ``$role`` path of its stored definition, and
    deletes of them (a reader's role);
 4. ``subset``: RecordsDeletes of records that can be ancestors of in-scope records: the
@@ -279,10 +279,11 @@ class SyncScope:
             return True
         protocol = self.protocol
         if facts.protocol != protocol:
-            # The protocol's permission requests, grants and revocations, and those of no
-            # protocol, which cover every one (and deletes of them).
-            return facts.protocol == PERMISSIONS_PROTOCOL_URI and facts.interface == _RECORDS \
-                and facts.protocol_tag in (protocol, None)
+            # Every permission request, grant and revocation (and delete of one): those of the
+            # protocol and of none decide what a grantee may read of it, and a read that cites
+            # another protocol's grant is answered by falling back to what anyone may see,
+            # which needs that grant here too.
+            return facts.protocol == PERMISSIONS_PROTOCOL_URI and facts.interface == _RECORDS
         if self.kind == "protocol":
             return True
         if facts.interface == _PROTOCOLS:
@@ -315,38 +316,25 @@ class SyncScope:
 
 @dataclass(frozen=True, slots=True)
 class ListingFacts:
-    """What the effective listing rule (:meth:`SyncScope.lists`) reads of one stored message.
-
-    ``protocol``, ``protocol_path`` and ``context_id`` are those of the message's indexes (a
-    RecordsDelete's are its record's; a ProtocolsConfigure's protocol is its definition's).
-    ``protocol_tag`` is the ``protocol`` tag of a permissions-protocol record: a RecordsWrite's
-    own ``descriptor.tags.protocol``, a RecordsDelete's record's initial write's (None otherwise).
-    """
+    """What the effective listing rule (:meth:`SyncScope.lists`) reads of one stored message:
+    those of the message's indexes (a RecordsDelete's are its record's; a ProtocolsConfigure's
+    protocol is its definition's)."""
 
     interface: str | None
     method: str | None
     protocol: str | None
     protocol_path: str | None = None
     context_id: str | None = None
-    protocol_tag: str | None = None
 
     @classmethod
-    def of(cls, indexes_or_message: Mapping[str, Any], protocol_tag: str | None = None) -> ListingFacts:
+    def of(cls, indexes_or_message: Mapping[str, Any]) -> ListingFacts:
         """The facts of a message (not a RecordsDelete: it names no protocol) or of the index
-        key-values stored for it; ``protocol_tag`` overrides the one a message's tags give."""
+        key-values stored for it."""
         descriptor = indexes_or_message.get("descriptor")
-        if isinstance(descriptor, Mapping):
-            interface, method = descriptor.get("interface"), descriptor.get("method")
-            if protocol_tag is None:
-                tags = descriptor.get("tags")
-                protocol_tag = tags.get("protocol") if isinstance(tags, Mapping) else None
-        else:
-            interface, method = indexes_or_message.get("interface"), indexes_or_message.get("method")
-            if protocol_tag is None:
-                protocol_tag = indexes_or_message.get("tag.protocol")
+        source = descriptor if isinstance(descriptor, Mapping) else indexes_or_message
         protocol, protocol_path, context_id = _facts(indexes_or_message)
-        return cls(_str(interface), _str(method), _str(protocol), _str(protocol_path), _str(context_id),
-                   _str(protocol_tag))
+        return cls(_str(source.get("interface")), _str(source.get("method")), _str(protocol), _str(protocol_path),
+                   _str(context_id))
 
 
 def _str(value: Any) -> str | None:

@@ -28,10 +28,8 @@ from p2psync.dwn.encoding import message_cid
 from p2psync.dwn.engine import Dwn
 from p2psync.dwn.errors import DwnError
 from p2psync.dwn.generic_message import get_newest_message
-from p2psync.dwn.permissions import PERMISSIONS_PROTOCOL_URI
 from p2psync.dwn.progress import ProgressToken
 from p2psync.dwn.protocols import fetch_all_role_paths
-from p2psync.dwn.records_write import fetch_initial_records_write_message
 from p2psync.dwn.replication_types import ReplicationApplyResult
 from p2psync.dwn.store import Store
 from p2psync.errors import CheckpointRevConflict, LocalMisuse, QuotaExceeded
@@ -271,23 +269,16 @@ class StoreService:
     def _lister(self, tenant: str, scope: SyncScope) -> Callable[[str, dict[str, Any]], bool]:
         """Whether a listed message is in ``scope``'s effective listing (``SyncScope.lists``:
         intent plus the closure a sink cannot ask for). A RecordsDelete names no protocol, so
-        its stored indexes (which carry its record's) decide; a delete of a permission record
-        takes the ``protocol`` tag of the record's initial write."""
+        its stored indexes (which carry its record's) decide."""
         roles = self._role_paths(tenant, scope.protocol) if scope.kind == "subset" and scope.protocol else ()
-        store = self.store
-        get_indexes = store.messages.get_indexes
+        get_indexes = self.store.messages.get_indexes
         matches = scope.matches
 
         def lists(cid: str, message: dict[str, Any]) -> bool:
             descriptor = message.get("descriptor")
             if isinstance(descriptor, dict) and descriptor.get("interface") == "Records" \
                     and descriptor.get("method") == "Delete":
-                indexes = get_indexes(tenant, cid) or {}
-                tag = None
-                if indexes.get("protocol") == PERMISSIONS_PROTOCOL_URI and isinstance(descriptor.get("recordId"), str):
-                    initial = fetch_initial_records_write_message(store, tenant, descriptor["recordId"])
-                    tag = ListingFacts.of(initial).protocol_tag if initial is not None else None
-                return scope.lists(ListingFacts.of(indexes, tag), roles)
+                return scope.lists(ListingFacts.of(get_indexes(tenant, cid) or {}), roles)
             # Intent first: it decides most of a scope's messages, at less cost.
             return matches(message) or scope.lists(ListingFacts.of(message), roles)
 

@@ -256,8 +256,8 @@ CTX2 = compute_cid({"n": 2})
 
 
 def _facts(method: str, protocol: str | None, path: str | None = None, context: str | None = None,
-           tag: str | None = None, interface: str = "Records") -> ListingFacts:
-    return ListingFacts(interface, method, protocol, path, context, tag)
+           interface: str = "Records") -> ListingFacts:
+    return ListingFacts(interface, method, protocol, path, context)
 
 
 @pytest.mark.parametrize(("scope", "facts", "roles", "listed"), [
@@ -268,14 +268,14 @@ def _facts(method: str, protocol: str | None, path: str | None = None, context: 
     (SyncScope.subset(CHAT, ["thread"]), _facts("Configure", CHAT, interface="Protocols"), (), True),
     (SyncScope.subset(CHAT, ["thread"]), _facts("Configure", "https://example.com/x", interface="Protocols"), (),
      False),
-    # 2. permission records tagged with the protocol or untagged, in protocol and subset scopes
-    (SyncScope.for_protocol(CHAT), _facts("Write", PERMISSIONS, "grant", CTX, tag=CHAT), (), True),
-    (SyncScope.subset(CHAT, ["thread"]), _facts("Write", PERMISSIONS, "grant/revocation", f"{CTX}/{CTX2}",
-                                                tag=CHAT), (), True),
-    (SyncScope.subset(CHAT, ["thread"]), _facts("Delete", PERMISSIONS, "grant", CTX, tag=CHAT), (), True),
+    # 2. every permission record, in protocol and subset scopes
+    (SyncScope.for_protocol(CHAT), _facts("Write", PERMISSIONS, "grant", CTX), (), True),
+    (SyncScope.subset(CHAT, ["thread"]), _facts("Write", PERMISSIONS, "grant/revocation", f"{CTX}/{CTX2}"), (),
+     True),
+    (SyncScope.subset(CHAT, ["thread"]), _facts("Delete", PERMISSIONS, "grant", CTX), (), True),
     (SyncScope.subset(CHAT, ["thread"]), _facts("Write", PERMISSIONS, "grant", CTX), (), True),
-    (SyncScope.subset(CHAT, ["thread"]), _facts("Write", PERMISSIONS, "request", CTX, tag="https://example.com/x"),
-     (), False),
+    # (another protocol's too: a read citing its grant falls back to what anyone may see)
+    (SyncScope.subset(CHAT, ["thread"]), _facts("Write", PERMISSIONS, "request", CTX), (), True),
     # 3. records and deletes at a role path (subset only: a protocol scope has them anyway)
     (SyncScope.subset(CHAT, ["thread/chat"]), _facts("Write", CHAT, "friend", CTX), ("friend",), True),
     (SyncScope.subset(CHAT, ["thread/chat"]), _facts("Delete", CHAT, "thread/member", f"{CTX}/{CTX2}"),
@@ -311,5 +311,4 @@ def test_listing_facts_of_a_message_and_of_indexes_agree(tmp_path: Path) -> None
         indexes = dwn.store.messages.get_indexes(alice.did, message_cid(message))
         assert indexes is not None
         assert ListingFacts.of(message) == ListingFacts.of(indexes)
-    assert ListingFacts.of(write).protocol_tag == "https://example.com/tagged"
     dwn.close()

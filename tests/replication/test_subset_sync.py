@@ -161,22 +161,9 @@ def _role_paths(structure: dict[str, Any], at: str = "") -> set[str]:
     return out
 
 
-def _tag(held: Held, cid: str, by_record: dict[str, set[str]]) -> Any:
-    """The ``protocol`` tag of a permission record (a delete: its record's initial write's)."""
-    message, _ = held.messages[cid]
-    if message["descriptor"]["method"] == "Delete":
-        rid = held.record_id(cid)
-        initial = [c for c in by_record.get(rid or "", ()) if held.messages[c][1].get("entryId") == rid]
-        if not initial:
-            return None
-        message = held.messages[initial[0]][0]
-    return (message["descriptor"].get("tags") or {}).get("protocol")
-
-
 def additions(held: Held, scope: SyncScope) -> set[str]:
     """What the source lists beyond intent (the rule of protocol/replication-state.md, written
     again here from the stored messages)."""
-    by_record = held.by_record()
     configures = [m for m, ix in held.messages.values()
                   if ix.get("interface") == "Protocols" and ix.get("protocol") == scope.protocol]
     newest = get_newest_message(configures)
@@ -186,9 +173,8 @@ def additions(held: Held, scope: SyncScope) -> set[str]:
         if _intent(scope, ix):
             continue
         protocol, path, method = ix.get("protocol"), ix.get("protocolPath"), message["descriptor"]["method"]
-        if protocol == PERMISSIONS:
-            if _tag(held, cid, by_record) in (scope.protocol, None):  # (no tag: every protocol's)
-                out.add(cid)
+        if protocol == PERMISSIONS:  # every permission record, whatever protocol it names
+            out.add(cid)
         elif protocol != scope.protocol:
             continue
         elif ix.get("interface") == "Protocols" or scope.kind == "subset" and path in roles:
@@ -265,14 +251,6 @@ def within(scope: SyncScope, held: Held, message: Message) -> bool:
     descriptor = message["descriptor"]
     kind = (descriptor["interface"], descriptor["method"])
     flt = descriptor.get("filter") or {}
-    grant_id = signature_payload(message).get("permissionGrantId")
-    if isinstance(grant_id, str):
-        # A read citing another protocol's grant: the full replica finds the grant and falls
-        # back to what anyone may see, the subset finds none (401). Not the scope's to answer.
-        by_record = held.by_record()
-        grant = sorted(by_record.get(grant_id, ()))
-        if grant and _tag(held, grant[0], by_record) not in (scope.protocol, None):
-            return False
     if kind == ("Protocols", "Query"):
         return _protocol(flt.get("protocol")) == scope.protocol
     if kind == ("Messages", "Query"):
