@@ -47,9 +47,15 @@ def _parse_int(text: str) -> int | float:
     return value if abs(value) <= _JS_MAX_SAFE_INTEGER else float(value)
 
 
+# Built once: json.loads with a parse_int makes a new decoder (and scanner) on every call.
+_LINE_DECODER: Final = json.JSONDecoder(parse_int=_parse_int)
+
+
 def parse_json_line(line: str) -> Any:
     """Parse a JSON value with JavaScript's number semantics."""
-    return json.loads(line, parse_int=_parse_int)
+    if line.startswith("\ufeff"):  # what json.loads says of a str that starts with a BOM
+        raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", line, 0)
+    return _LINE_DECODER.decode(line)
 
 
 def _safe_cid(message: Any) -> str | None:
@@ -97,7 +103,8 @@ class PipeSession:
             return {"cid": None, "status": _status(400, "PipeRequestInvalid: a request is a JSON object")}
         message = in_dag_cbor_order(request.get("message"))  # as the engine stores it (same object then)
         # The engine derives the same CID again: keep it for the length of this request.
-        with memo.processing(message):
+        with memo.processing(message) as held:
+            held.in_order = True  # the engine need not check the order again
             return self._handle(request, message)
 
     def _handle(self, request: dict[str, Any], message: Any) -> dict[str, Any]:
