@@ -358,8 +358,11 @@ class History:
         # One write transaction from the first read: another process (the node applying a
         # batch) must not archive a message between the check of where this one goes and its
         # admission, or it would be processed out of canonical order.
+        # An initial write: nothing of its record sorts before it, as in `place` (one statement
+        # less a write, issue #17).
+        initial = _authored_initial(message)
         with self.store.transaction():
-            if not self._sorts_last(tenant, key, _record_id(message)):
+            if not self._sorts_last(tenant, key, _record_id(message), initial=initial):
                 # Judge against the current state without keeping anything, then place it.
                 reply = self._dry_run(tenant, message, data)
                 if reply.code in (202, 204):
@@ -367,7 +370,6 @@ class History:
                 return reply
             # An initial write that sorts last takes the replicated path's cheap undo (checked,
             # with the session as its fallback), not a session of its own (issue #17).
-            initial = _authored_initial(message)
             reply, undo = (self._appended(tenant, message, data, cid) if initial
                            else self._recorded(tenant, message, data, withheld=False))
             if reply.code in (202, 204):

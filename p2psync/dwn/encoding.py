@@ -103,7 +103,12 @@ def in_dag_cbor_order(value: Any) -> Any:
     order a message has when it comes over the wire, so a replica stores the same text whether
     it authored a message or received it. Returns ``value`` itself when already in that order
     (what a message decoded from the wire is), so facts kept about the object stay valid."""
+    held = _memo.of(value)
+    if held is not None and held.in_order:
+        return value  # the message being processed, checked already (the pipe, then the engine)
     if _in_dag_cbor_order(value):
+        if held is not None:
+            held.in_order = True
         return value  # the common case (every replicated message): checked without copying
     return _reordered(value)
 

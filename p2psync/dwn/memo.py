@@ -25,7 +25,7 @@ __all__ = ["MessageMemo", "of", "processing"]
 class MessageMemo:
     """Facts about one message object; each is None until someone derived it."""
 
-    __slots__ = ("message", "cid", "json", "descriptor_encoding", "payload", "data", "data_cid")
+    __slots__ = ("message", "cid", "json", "descriptor_encoding", "payload", "data", "data_cid", "in_order")
 
     def __init__(self, message: Any, cid: str | None) -> None:
         self.message = message
@@ -38,6 +38,8 @@ class MessageMemo:
         # the record data that came with the message, and its dataCid
         self.data: bytes | None = None
         self.data_cid: str | None = None
+        # every map of the message is in DAG-CBOR key order (encoding.in_dag_cbor_order)
+        self.in_order = False
 
 
 _local = threading.local()

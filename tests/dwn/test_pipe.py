@@ -16,7 +16,7 @@ import pytest
 from p2psync.dwn.did import Identity
 from p2psync.dwn.encoding import b64url_encode, message_cid
 from p2psync.dwn.engine import Dwn
-from p2psync.dwn.pipe import PipeSession, _handle_batch, run_pipe
+from p2psync.dwn.pipe import PipeSession, _handle_batch, parse_json_line, run_pipe
 from p2psync.dwn.records import ALL_RECORDS_FILTER, create_records_query, create_records_read
 from p2psync.dwn.records_write import RecordsWrite
 from p2psync.dwn.store import Store
@@ -47,6 +47,23 @@ def test_malformed_lines_get_400_and_the_pipe_continues(tmp_path: Path, alice: I
     assert [r["status"]["code"] for r in replies[:-1]] == [400] * (len(lines) - 1)  # type: ignore[index]
     assert replies[-1]["status"]["code"] == 202  # type: ignore[index]
     assert replies[-1]["cid"] == message_cid(w.message)
+
+
+@pytest.mark.parametrize("line", ['{"a": 9007199254740993, "b": [1, -2.5]}', "\ufeff{}", "{not json", "", "[1] x"])
+def test_a_line_parses_as_json_loads_with_javascript_integers(line: str) -> None:
+    def js_int(text: str) -> int | float:
+        value = int(text)
+        return value if abs(value) <= 2**53 - 1 else float(value)
+
+    try:
+        expected: object = json.loads(line, parse_int=js_int)
+    except ValueError as exc:
+        expected = str(exc)
+    try:
+        got: object = parse_json_line(line)
+    except ValueError as exc:
+        got = str(exc)
+    assert got == expected and type(got) is type(expected)
 
 
 def test_query_and_read_replies(tmp_path: Path, alice: Identity) -> None:
