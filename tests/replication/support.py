@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from p2psync.conformance import load_scenario
 from p2psync.dwn import permissions
 from p2psync.dwn.did import Identity
 from p2psync.dwn.encoding import message_cid
@@ -170,6 +172,25 @@ def grant_world() -> ChatWorld:
 
 
 # --------------------------------------------------------------------------- stores
+
+
+def scenario_sources(directory: Path, workdir: Callable[[str], Path]) -> Iterator[tuple[str, Path, Any, list[Any]]]:
+    """Each interop scenario of ``directory`` that stores something, its accepted messages
+    processed in order into a new store in ``workdir(name)`` (closed, its WAL checkpointed into
+    the file, so copies of it are whole): ``(name, store path, scenario, accepted steps)``."""
+    for file in sorted(directory.glob("*.json")):
+        scenario = load_scenario(file)
+        accepted = [s for s in scenario.steps
+                    if s.op == "process" and s.expect is not None and s.expect.code in (202, 204)]
+        if not accepted:
+            continue
+        path = workdir(file.stem) / "source.db"
+        source = Dwn(Store(path))
+        for s in accepted:
+            expected = s.expect.code if s.expect is not None else None
+            assert source.process_message(s.tenant or "", s.message, s.data).code == expected
+        source.close()
+        yield file.stem, path, scenario, accepted
 
 
 def process_all(dwn: Dwn, tenant: str, steps: Iterable[Step]) -> None:

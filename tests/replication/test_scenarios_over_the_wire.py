@@ -30,7 +30,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from p2psync.conformance import load_scenario
 from p2psync.dwn.engine import Dwn
 from p2psync.dwn.store import Store
 from p2psync.replication.hello import new_hello
@@ -41,7 +40,7 @@ from p2psync.state.committer import GroupCommitter
 from p2psync.state.copies import CheckpointCopies, store_id
 from p2psync.state.ledger import Ledger
 from p2psync.state.service import StoreService
-from tests.replication.support import assert_log_matches_messages, snapshot
+from tests.replication.support import assert_log_matches_messages, scenario_sources, snapshot
 from tests.replication.test_protocol_pump import ALICE, Side, Wire, run
 from tests.replication.test_shuffle import SCENARIO_DIR, _differences, _query_answers
 
@@ -61,20 +60,10 @@ class Scenario:
 @pytest.fixture(scope="module")
 def scenarios(tmp_path_factory: pytest.TempPathFactory) -> list[Scenario]:
     out = []
-    for file in sorted(SCENARIO_DIR.glob("*.json")):
-        scenario = load_scenario(file)
-        accepted = [s for s in scenario.steps
-                    if s.op == "process" and s.expect is not None and s.expect.code in (202, 204)]
-        if not accepted:
-            continue
-        path = tmp_path_factory.mktemp(file.stem) / "source.db"
-        source = Dwn(Store(path))
-        for s in accepted:
-            assert source.process_message(s.tenant or "", s.message, s.data).code == s.expect.code  # type: ignore[union-attr]
-        source.close()
+    for name, path, scenario, accepted in scenario_sources(SCENARIO_DIR, tmp_path_factory.mktemp):
         tenants = sorted({s.tenant or "" for s in accepted})
         queries = [(s.tenant or "", s.message) for s in scenario.steps if s.op == "query"]
-        out.append(Scenario(file.stem, path, tenants, queries))
+        out.append(Scenario(name, path, tenants, queries))
     return out
 
 

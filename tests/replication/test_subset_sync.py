@@ -30,7 +30,6 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from p2psync.conformance import load_scenario
 from p2psync.dwn import permissions
 from p2psync.dwn.canonical import signature_payload
 from p2psync.dwn.did import Identity
@@ -52,7 +51,7 @@ from p2psync.state.copies import store_id
 from p2psync.state.local import LocalStoreFetcher, reconcile
 from tests.replication.histories import FORUM as FORUM_HISTORY
 from tests.replication.histories import QUERY_AT, History, generate
-from tests.replication.support import Clock, event_cid, seeded, snapshot
+from tests.replication.support import Clock, event_cid, scenario_sources, seeded, snapshot
 from tests.replication.test_protocol_pump import Side, Wire, run
 from tests.replication.test_scenarios_over_the_wire import _side
 from tests.replication.test_shuffle import SCENARIO_DIR, _query_answers
@@ -83,17 +82,7 @@ class Scenario:
 @pytest.fixture(scope="module")
 def scenarios(tmp_path_factory: pytest.TempPathFactory) -> list[Scenario]:
     out = []
-    for file in sorted(SCENARIO_DIR.glob("*.json")):
-        scenario = load_scenario(file)
-        accepted = [s for s in scenario.steps
-                    if s.op == "process" and s.expect is not None and s.expect.code in (202, 204)]
-        if not accepted:
-            continue
-        path = tmp_path_factory.mktemp(file.stem) / "source.db"
-        source = Dwn(Store(path))
-        for s in accepted:
-            assert source.process_message(s.tenant or "", s.message, s.data).code == s.expect.code  # type: ignore[union-attr]
-        source.close()
+    for name, path, scenario, accepted in scenario_sources(SCENARIO_DIR, tmp_path_factory.mktemp):
         reads = []
         for s in scenario.steps:
             descriptor = s.message.get("descriptor") if isinstance(s.message, dict) else None
@@ -102,7 +91,7 @@ def scenarios(tmp_path_factory: pytest.TempPathFactory) -> list[Scenario]:
             kind = (descriptor.get("interface"), descriptor.get("method"))
             if s.op == "query" or (s.op == "process" and kind in READS):
                 reads.append((s.tenant or "", s.message))
-        out.append(Scenario(file.stem, path, sorted({s.tenant or "" for s in accepted}), reads))
+        out.append(Scenario(name, path, sorted({s.tenant or "" for s in accepted}), reads))
     return out
 
 
