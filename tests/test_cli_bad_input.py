@@ -91,3 +91,16 @@ def test_bad_input_is_one_line_without_a_traceback(
         shown = f"{' '.join(command)} {argv}: {err!r}"
         assert code != 0, shown
         assert "Traceback" not in err and err.count("\n") == 1 and err.startswith("p2psync"), shown
+
+
+def test_a_pinned_fingerprint_may_begin_with_a_dash(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A base64url fingerprint starts with "-" once in 64 certificates; `--pin -…` must still
+    read as the option's value (argparse alone refuses it: "expected one argument"); the sync
+    then fails later, for want of an identity, not on its arguments."""
+    fingerprint = "-" + "A" * 42
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["sync", "wss://127.0.0.1:9/_p2psync", "--pin", fingerprint])
+    capsys.readouterr()
+    code = main(["--home", str(tmp_path / "d"), "sync", "wss://127.0.0.1:9/_p2psync", "--pin", fingerprint])
+    err = capsys.readouterr().err
+    assert code != 2 and "expected one argument" not in err, err

@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from typing import Any, Final, NoReturn
 
 import apsw
 
@@ -268,9 +268,27 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+#: Options whose value may begin with "-": a certificate fingerprint is base64url, and one in
+#: 64 starts with it, which argparse would take for an option ("expected one argument").
+_DASH_VALUED: Final = ("--pin",)
+
+
+def _attach_values(argv: Sequence[str]) -> list[str]:
+    """``--pin -Xy…`` as ``--pin=-Xy…``, so a value that begins with "-" stays a value."""
+    out: list[str] = []
+    args = iter(argv)
+    for arg in args:
+        if arg in _DASH_VALUED:
+            value = next(args, None)
+            out.append(arg if value is None else f"{arg}={value}")
+        else:
+            out.append(arg)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_attach_values(sys.argv[1:] if argv is None else argv))
     try:
         return int(args.fn(args))
     except UsageError as exc:  # arguments that cannot go together: exit 2, as argparse's refusals
