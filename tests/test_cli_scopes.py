@@ -286,3 +286,17 @@ def test_the_documented_commands_and_configuration_are_what_the_code_takes(tmp_p
         assert shown in {s.scope_id for s in (SyncScope.global_scope(), SyncScope.for_protocol(chat),
                                               SyncScope.subset(chat, ["thread"]),
                                               SyncScope.subset(chat, ["thread/message"]))}, shown
+
+
+def test_the_summary_counts_what_a_reconciliation_moved() -> None:
+    """A first sync of replicas that share most messages reconciles instead of replaying: what
+    it fetched is counted as pulled (it used to say "pulled 0 message(s), 1 new")."""
+    from p2psync.cli.sync import summary_lines
+    from p2psync.replication.stats import SyncStats, SyncSummary
+
+    stats = SyncStats(revs_received=2, bytes_received=3000)
+    stats.revs_applied = 2
+    stats.count_reconciled({"Applied": 1})
+    lines = summary_lines(SyncSummary("did:example:t", "did:example:r", stats, None, {}, None), 1.0)
+    assert lines[1].startswith("pulled 3 message(s), 3 new, 0 already held;"), lines
+    assert "1 by set reconciliation" in lines[1]

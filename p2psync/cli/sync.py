@@ -372,14 +372,17 @@ def summary_lines(summary: SyncSummary, seconds: float) -> list[str]:
     for direction, stats in (("pull", summary.pull), ("push", summary.push)):
         if stats is None:
             continue
+        # What a round reconciled instead of replaying (a first sync of replicas that share most
+        # messages, a gap) moved too: counted with the rest, and named below.
         if direction == "pull":
-            verb, moved, size = "pulled", stats.revs_received, stats.bytes_received
+            verb, moved, size = "pulled", stats.revs_received + stats.reconciled, stats.bytes_received
         else:
-            verb, moved, size = "pushed", stats.revs_sent, stats.bytes_sent
+            verb, moved, size = "pushed", stats.revs_sent + stats.reconciled, stats.bytes_sent
         rate = f"{moved / seconds:,.0f} msg/s" if seconds > 0 else "-"
         line = (f"{verb} {moved} message(s), {stats.revs_applied} new, {stats.items_skipped} already held; "
                 f"{human_bytes(size)} in {seconds:.1f} s ({rate})")
-        extra = [f"{n} {what}" for n, what in ((stats.dependencies_fetched, "dependencies fetched"),
+        extra = [f"{n} {what}" for n, what in ((stats.reconciled, "by set reconciliation"),
+                                               (stats.dependencies_fetched, "dependencies fetched"),
                                                (stats.attachments_fetched, "attachments fetched")) if n]
         if extra:
             line += "; " + ", ".join(extra)
