@@ -7,7 +7,6 @@ SendReply or a SendError with a 4xx/5xx code, and the store must stay as it was.
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +18,7 @@ from hypothesis import strategies as st
 from p2psync.replication.effects import SendError, SendReply
 from p2psync.replication.protocol import ALL_PROFILES
 from p2psync.replication.scope import SyncScope
-from tests.replication.support import Clock
-from tests.replication.test_protocol_pump import ALICE, Side, Wire, make_side, run, write_notes
+from tests.replication.test_protocol_pump import ALICE, Side, Wire, greeted_pair, run
 
 PROFILES = st.sampled_from([*ALL_PROFILES, "bogus", ""])
 TEXT = st.text(max_size=12)
@@ -41,12 +39,7 @@ BODIES = st.one_of(st.binary(max_size=64), CBOR_VALUES.map(lambda v: cbor2.dumps
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Wire, Side, Side, int]:
     tmp_path: Path = tmp_path_factory.mktemp("hostile")
-    laptop = make_side(tmp_path, "laptop", active=False)
-    phone = make_side(tmp_path, "phone", active=True)
-    write_notes(laptop.store, ALICE, 6, Clock(), "laptop")
-    wire = Wire(laptop, phone, random.Random(7))
-    laptop.proto.start_hello()
-    run(wire, phone.proto.start_hello())
+    wire, laptop, phone = greeted_pair(tmp_path, 6, 7)
     index, _ = run(wire, phone.proto.open_collection(ALICE.did, SyncScope.global_scope(), "cp-hostile"))
     count = laptop.store.scalar("SELECT COUNT(*) FROM messages")
     return wire, laptop, phone, int(count)

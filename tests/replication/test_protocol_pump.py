@@ -173,6 +173,18 @@ def run(wire: Wire, operation: Any) -> Any:
     return operation.outcome()
 
 
+def greeted_pair(tmp_path: Path, notes: int, seed: int) -> tuple[Wire, Side, Side]:
+    """A passive laptop holding ``notes`` of alice's notes and an active, empty phone, their
+    hellos exchanged: ``(wire, laptop, phone)``."""
+    laptop = make_side(tmp_path, "laptop", active=False)
+    phone = make_side(tmp_path, "phone", active=True)
+    write_notes(laptop.store, ALICE, notes, Clock(), "laptop")
+    wire = Wire(laptop, phone, random.Random(seed))
+    laptop.proto.start_hello()
+    run(wire, phone.proto.start_hello())
+    return wire, laptop, phone
+
+
 def test_no_event_loop_is_running() -> None:
     with pytest.raises(RuntimeError):
         trio.lowlevel.current_trio_token()
@@ -303,12 +315,7 @@ def test_a_whole_round_both_ways_then_a_second_round_resumes(tmp_path: Path, see
 def test_a_stopped_sink_refuses_listings_so_nothing_moves_after_the_final_save(tmp_path: Path) -> None:
     """After ``stop_feeds`` (a graceful stop), a `changes` still in flight is refused: were it
     taken, its tokens would move the ledger past the pair the final save left on the passive."""
-    laptop = make_side(tmp_path, "laptop", active=False)
-    phone = make_side(tmp_path, "phone", active=True)
-    write_notes(laptop.store, ALICE, 4, Clock(), "laptop")
-    wire = Wire(laptop, phone, random.Random(3))
-    laptop.proto.start_hello()
-    run(wire, phone.proto.start_hello())
+    wire, laptop, phone = greeted_pair(tmp_path, 4, 3)
     operation, round_ = phone.proto.sync(tenant=ALICE.did, scope=SyncScope.global_scope(),
                                          local_store_id=store_id(phone.store), pull=True, push=False)
     run(wire, operation)
@@ -373,12 +380,7 @@ def test_a_feed_that_fails_inside_closes_the_connection_instead_of_leaving_the_p
 ) -> None:
     """A bug or a store failure under a source's feed (not a refusal) would leave its puller
     waiting for `changes` forever; the source closes instead, and the puller resumes later."""
-    laptop = make_side(tmp_path, "laptop", active=False)
-    phone = make_side(tmp_path, "phone", active=True)
-    write_notes(laptop.store, ALICE, 3, Clock(), "laptop")
-    wire = Wire(laptop, phone, random.Random(3))
-    laptop.proto.start_hello()
-    run(wire, phone.proto.start_hello())
+    wire, laptop, phone = greeted_pair(tmp_path, 3, 3)
     scope = SyncScope.global_scope()
     index, _ = run(wire, phone.proto.open_collection(ALICE.did, scope, "cp-feed-fails"))
 
