@@ -287,17 +287,16 @@ class StoreService:
     def _role_paths(self, tenant: str, protocol: str) -> frozenset[str]:
         """The ``$role`` paths of the newest stored definition of ``protocol``, cached by the
         CIDs of the stored configures (a new configure changes them, so the cache follows)."""
-        rows = self.store.conn.execute(
-            "SELECT m.cid, m.body FROM messages m JOIN tenants t ON t.id = m.tenant"
-            " WHERE t.did=? AND m.interface='Protocols' AND m.method='Configure' AND m.protocol=?",
-            (tenant, protocol),
-        ).fetchall()
+        where = (" FROM messages m JOIN tenants t ON t.id = m.tenant"
+                 " WHERE t.did=? AND m.interface='Protocols' AND m.method='Configure' AND m.protocol=?")
+        conn = self.store.conn
         key = (tenant, protocol)
-        stamp = frozenset(str(cid) for cid, _ in rows)
+        stamp = frozenset(str(cid) for (cid,) in conn.execute("SELECT m.cid" + where, (tenant, protocol)))
         cached = self._roles.get(key)
         if cached is not None and cached[0] == stamp:
-            return cached[1]
-        newest = get_newest_message([json.loads(str(body)) for _, body in rows])
+            return cached[1]  # (asked once a page: the bodies are read only when they changed)
+        newest = get_newest_message([json.loads(str(body)) for (body,) in conn.execute("SELECT m.body" + where,
+                                                                                      (tenant, protocol))])
         paths: frozenset[str] = frozenset()
         if newest is not None:
             structure = newest["descriptor"]["definition"].get("structure")
