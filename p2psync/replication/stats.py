@@ -24,7 +24,6 @@ _CODE: Final = re.compile(r"([A-Z][A-Za-z0-9]+):")
 # A reason comes from the peer (a push's answer); keep a line of it.
 #: Characters of a reason kept in a not-applied record.
 MAX_REASON: Final = 300
-_MAX_REASON: Final = MAX_REASON
 
 
 @dataclass(frozen=True)
@@ -49,14 +48,14 @@ class NotApplied:
         if kind not in NOT_APPLIED_KINDS:
             return None
         if kind == "Invalid":
-            reason = str(result.get("reason") or "no reason given")[:_MAX_REASON]
+            reason = str(result.get("reason") or "no reason given")[:MAX_REASON]
             match = _CODE.match(reason)
             code = match[1] if match else "Invalid"
         else:
             missing = result.get("missing")
             refs = [_ref_text(r) for r in missing] if isinstance(missing, list) else []
             reason = ("it depends on what never arrived: " + "; ".join(refs[:3])
-                      + (f" and {len(refs) - 3} more" if len(refs) > 3 else ""))[:_MAX_REASON]
+                      + (f" and {len(refs) - 3} more" if len(refs) > 3 else ""))[:MAX_REASON]
             code = "DependencyMissing"
         return cls(cid, tenant, str(kind), code, reason, where, peer)
 
