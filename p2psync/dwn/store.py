@@ -428,11 +428,12 @@ _BUSY_POLL_MAX: Final = 0.005
 class _Transaction:
     """The scope :meth:`Store.transaction` returns (see there)."""
 
-    __slots__ = ("_conn", "_nested")
+    __slots__ = ("_conn", "_nested", "_rolled_back")
 
-    def __init__(self, conn: apsw.Connection) -> None:
+    def __init__(self, conn: apsw.Connection, rolled_back: Callable[[], None]) -> None:
         self._conn = conn
         self._nested = False
+        self._rolled_back = rolled_back  # a savepoint's rollback fires no SQLite hook
 
     def __enter__(self) -> object:
         self._nested = self._conn.in_transaction
@@ -443,6 +444,8 @@ class _Transaction:
 
     def __exit__(self, *exc: object) -> None:
         if self._nested:
+            if exc[0] is not None:
+                self._rolled_back()
             self._conn.__exit__(*exc)  # type: ignore[arg-type]
             return
         if exc[0] is None:
@@ -481,7 +484,12 @@ class Store:
         # and durability is the WAL's, not theirs.
         self.conn.execute("PRAGMA temp_store=MEMORY")
         self._migrate()
+        # Tenants' row ids, cached. One first seen inside a transaction is also named in
+        # ``_unsettled_tenants`` until a rollback (a whole transaction's, through SQLite's hook,
+        # or a savepoint's, through :class:`_Transaction`) forgets it: the row may have gone.
         self._tenant_ids: dict[str, int] = {}
+        self._unsettled_tenants: set[str] = set()
+        self.conn.set_rollback_hook(self._forget_unsettled_tenants)
         self.messages = MessageStore(self)
         self.data = DataStore(self)
         self.events = EventLog(self)
@@ -525,7 +533,7 @@ class Store:
         without waiting) when another connection committed in between — how a ``p2psync
         write`` used to fail while the node applied a batch. Nested ones are savepoints.
         """
-        return _Transaction(self.conn)
+        return _Transaction(self.conn, self._forget_unsettled_tenants)
 
     # -- tenants -------------------------------------------------------------------------
 
@@ -547,7 +555,14 @@ class Store:
                 row = self.conn.execute("SELECT id FROM tenants WHERE did=?", (did,)).fetchone()
             assert row is not None
         self._tenant_ids[did] = row[0]
+        if self.conn.in_transaction:
+            self._unsettled_tenants.add(did)
         return int(row[0])
+
+    def _forget_unsettled_tenants(self) -> None:
+        for did in self._unsettled_tenants:
+            self._tenant_ids.pop(did, None)
+        self._unsettled_tenants.clear()
 
     def tenants(self) -> list[str]:
         return [r[0] for r in self.conn.execute("SELECT did FROM tenants ORDER BY id")]
