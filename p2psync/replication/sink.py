@@ -282,8 +282,7 @@ class Sink:
             return ReplicationEntry(message), size
         if not isinstance(data, bytes):
             raise PeerError(400, "BodyInvalid", "data must be a byte string")
-        check_data(message, size, data)
-        return ReplicationEntry(message, data), None
+        return ReplicationEntry(message, data, data_cid=check_data(message, size, data)), None
 
     def entry_of(self, obj: Any) -> Effects:
         """A MessageEntry (§8.1) as a ReplicationEntry, fetching out-of-line data (§9.1)."""
@@ -292,8 +291,7 @@ class Sink:
             return entry
         data = yield from self._attachment(entry.cid, entry.message, size)
         self.stats.attachments_fetched += 1
-        check_data(entry.message, size, data)
-        return entry.with_data(data)
+        return entry.with_data(data, check_data(entry.message, size, data))
 
     def _attachment(self, cid: str, message: dict[str, Any], size: int) -> Effects:
         descriptor = message.get("descriptor") if isinstance(message.get("descriptor"), dict) else {}
@@ -937,12 +935,15 @@ def durable(ticket: Any) -> Effects:
         refuse(503, "StoreUnavailable", str(exc))
 
 
-def check_data(message: dict[str, Any], size: int, data: bytes) -> None:
-    """§8.2 step 2: ``dataSize`` bytes, equal to the descriptor's, hashing to its dataCid."""
+def check_data(message: dict[str, Any], size: int, data: bytes) -> str:
+    """§8.2 step 2: ``dataSize`` bytes, equal to the descriptor's, hashing to its dataCid;
+    returns that CID."""
     descriptor = message.get("descriptor")
     if not isinstance(descriptor, dict):
         raise PeerError(424, "AttachmentInvalid", "message has no descriptor")
     if len(data) != size or descriptor.get("dataSize") != size:
         raise PeerError(424, "AttachmentInvalid", "data size does not match")
-    if data_cid(data) != descriptor.get("dataCid"):
+    cid = data_cid(data)
+    if cid != descriptor.get("dataCid"):
         raise PeerError(424, "AttachmentInvalid", "data does not hash to dataCid")
+    return cid

@@ -1,15 +1,20 @@
-"""Origins (§11 echo suppression, ``p2psync show``): the store each replicated message first
-arrived from, kept by the message's archive row."""
+"""What the store service keeps of a replicated apply beside the engine's: the origins (§11
+echo suppression, ``p2psync show``: the store each message first arrived from, kept by its
+archive row), and the data CID a sink computed."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
+from p2psync.dwn import datacid
 from p2psync.dwn.engine import Dwn
 from p2psync.dwn.records_write import RecordsWrite
 from p2psync.dwn.store import Store
 from p2psync.replication.closure import ReplicationEntry
 from p2psync.replication.effects import Apply, ApplyBatch
+from p2psync.replication.sink import Sink
 from p2psync.state.committer import GroupCommitter
 from p2psync.state.copies import CheckpointCopies, Origins
 from p2psync.state.ledger import Ledger
@@ -93,4 +98,26 @@ def test_a_store_with_the_old_origins_table_is_moved_over_on_open(tmp_path: Path
         entries[0].cid: TABLET, entries[1].cid: PHONE, entries[2].cid: PHONE
     }
     assert store.conn.execute("SELECT 1 FROM sqlite_master WHERE name='peer_origins'").fetchone() is None
+    store.close()
+
+
+def test_data_a_sink_checked_is_hashed_once_through_the_apply(tmp_path: Path, monkeypatch: Any) -> None:
+    """A sink hashes inline data to check it against the descriptor; the apply takes that CID
+    (issue #17) — and only for the very bytes that were hashed."""
+    store = Store(tmp_path / "s.db")
+    service = _service(store)
+    first, second = _writes(2)
+    sink = Sink(SimpleNamespace(signal=lambda: None), 0, ALICE.did, key=None)  # type: ignore[arg-type]
+    hashed: list[int] = []
+    real = datacid._data_cid
+    monkeypatch.setattr(datacid, "_data_cid", lambda data: hashed.append(len(data)) or real(data))
+    assert first.data is not None
+    entry, size = sink.read_entry({"message": first.message, "data": first.data, "dataSize": len(first.data)})
+    assert size is None and entry.data_cid == first.message["descriptor"]["dataCid"] and len(hashed) == 1
+    result, _ = service.run(Apply(ALICE.did, entry, PHONE))
+    assert result.kind == "Applied" and len(hashed) == 1
+    # An entry given other data forgets the CID: that data is hashed by the apply.
+    assert second.data is not None and entry.with_data(second.data).data_cid is None
+    result, _ = service.run(Apply(ALICE.did, second, PHONE))
+    assert result.kind == "Applied" and len(hashed) == 2
     store.close()
