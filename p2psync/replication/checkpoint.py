@@ -248,6 +248,18 @@ class DirectionCheckpoint:
             pending = pending[:MAX_PENDING_TOKENS]
         return DirectionCheckpoint._derived(self.received_token, contiguous, pending, unapplied), overflowed
 
+    def settled(self, token: ProgressToken) -> DirectionCheckpoint | None:
+        """``received(token)`` then ``applied(token)`` where that is simply the next token with
+        nothing unapplied before it (a pull taking a source's log in order: nearly every step
+        pair); None otherwise, and the caller takes the two steps. Skips the lookups and
+        tuples of the two general steps, run per settled message."""
+        received = self.received_token
+        if self.unapplied_tokens:
+            return None
+        if received is not None and not (token.same_domain(received) and token > received):
+            return None
+        return DirectionCheckpoint._derived(token, token, (), ())
+
     # -- wire ------------------------------------------------------------------------------
 
     def to_wire(self) -> dict[str, Any]:

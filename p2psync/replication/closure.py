@@ -173,13 +173,17 @@ class ReplicationEntry:
     message: Message
     data: bytes | None = None
     cid: str = field(default="", compare=False)
+    #: the CID of ``data``, when whoever made the entry hashed that very object (a sink
+    #: checking it against the descriptor): the apply takes it instead of hashing again
+    data_cid: str | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if not self.cid:
             object.__setattr__(self, "cid", _safe_cid(self.message))
 
-    def with_data(self, data: bytes) -> ReplicationEntry:
-        return replace(self, data=data)
+    def with_data(self, data: bytes, data_cid: str | None = None) -> ReplicationEntry:
+        """This entry with ``data`` (and its CID when the caller hashed it: never another's)."""
+        return replace(self, data=data, data_cid=data_cid)
 
 
 def _safe_cid(message: Any) -> str:

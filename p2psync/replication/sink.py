@@ -22,13 +22,14 @@ Replies to `rev` wait for the group commit that holds the apply (§8.2 step 4).
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Generator
 from dataclasses import replace
 from typing import Any, Final, Protocol
 
 from p2psync.dwn.datacid import data_cid
 from p2psync.dwn.errors import DwnError
-from p2psync.dwn.progress import ProgressToken
+from p2psync.dwn.progress import MAX_POSITION_DIGITS, ProgressToken, is_message_cid
 from p2psync.dwn.replication_types import Deferred, DependencyRef, ReplicationApplyResult
 from p2psync.errors import QuotaExceeded
 from p2psync.replication.checkpoint import LinkState
@@ -100,6 +101,9 @@ UNSETTLED_FROM: Final = (LinkState.INITIAL, LinkState.LIVE, LinkState.DEGRADED_P
 PREFETCH_BYTES: Final = 32 * 1024 * 1024
 
 Effects = Generator[Any, Any, Any]
+
+#: A listed position: canonical decimal (ProgressToken.from_wire's rule, checked per item here).
+_POSITION: Final = re.compile(r"0|[1-9][0-9]*")
 
 
 class SinkHost(Protocol):
@@ -282,8 +286,7 @@ class Sink:
             return ReplicationEntry(message), size
         if not isinstance(data, bytes):
             raise PeerError(400, "BodyInvalid", "data must be a byte string")
-        check_data(message, size, data)
-        return ReplicationEntry(message, data), None
+        return ReplicationEntry(message, data, data_cid=check_data(message, size, data)), None
 
     def entry_of(self, obj: Any) -> Effects:
         """A MessageEntry (§8.1) as a ReplicationEntry, fetching out-of-line data (§9.1)."""
@@ -292,8 +295,7 @@ class Sink:
             return entry
         data = yield from self._attachment(entry.cid, entry.message, size)
         self.stats.attachments_fetched += 1
-        check_data(entry.message, size, data)
-        return entry.with_data(data)
+        return entry.with_data(data, check_data(entry.message, size, data))
 
     def _attachment(self, cid: str, message: dict[str, Any], size: int) -> Effects:
         descriptor = message.get("descriptor") if isinstance(message.get("descriptor"), dict) else {}
@@ -547,15 +549,23 @@ class Sink:
             refuse(400, "ChangesInvalid", "items must be an array")
         stream_id, epoch = body.get("streamId"), body.get("epoch")
         listed: list[tuple[ProgressToken, int | None]] = []
+        first: ProgressToken | None = None
         for raw in items:
             if not isinstance(raw, list) or len(raw) < 2 or not isinstance(raw[0], str):
                 refuse(400, "ChangesInvalid", "an item is [position, messageCid, recordId?, dataSize?]")
-            try:
-                token = ProgressToken.from_wire(
-                    {"streamId": stream_id, "epoch": epoch, "position": raw[0], "messageCid": raw[1]}
-                )
-            except DwnError as exc:
-                refuse(400, "ChangesInvalid", f"bad item: {exc}")
+            position, cid = raw[0], raw[1]
+            if first is not None and len(position) <= MAX_POSITION_DIGITS and _POSITION.fullmatch(position) \
+                    and type(cid) is str and is_message_cid(cid):
+                # What from_wire checks of an item, its domain aside: the first item's, checked.
+                token = ProgressToken.of_own_log(first, int(position), cid)
+            else:
+                try:
+                    token = ProgressToken.from_wire(
+                        {"streamId": stream_id, "epoch": epoch, "position": position, "messageCid": cid}
+                    )
+                except DwnError as exc:
+                    refuse(400, "ChangesInvalid", f"bad item: {exc}")
+                first = first or token
             size = raw[3] if len(raw) > 3 else None
             listed.append((token, size if type(size) is int else None))
         through = None
@@ -564,16 +574,20 @@ class Sink:
                 through = ProgressToken.from_wire(body["through"])
             except DwnError as exc:
                 refuse(400, "ChangesInvalid", f"bad through: {exc}")
-        for token in [t for t, _ in listed] + ([through] if through is not None else []):
+        # Every item is in the first one's domain (each other item was made in it, or refused).
+        for token in [t for t in (first, through) if t is not None]:
             if self.domain is None:
                 self.domain = token.domain
             if token.domain != self.domain:
                 refuse(400, "ChangesInvalid", "one domain per feed")
         last = self.window.last
+        previous = -1 if last is None else last.position
         for token, _ in listed:
-            if last is not None and token.position <= last.position:
+            if token.position <= previous:
                 refuse(400, "ChangesInvalid", "items must ascend past everything listed before")
-            last = token
+            previous = token.position
+        if listed:
+            last = listed[-1][0]
         if through is not None and last is not None and through.position < last.position:
             refuse(400, "ChangesInvalid", "through is below the last item")
         return listed, through
@@ -937,12 +951,15 @@ def durable(ticket: Any) -> Effects:
         refuse(503, "StoreUnavailable", str(exc))
 
 
-def check_data(message: dict[str, Any], size: int, data: bytes) -> None:
-    """§8.2 step 2: ``dataSize`` bytes, equal to the descriptor's, hashing to its dataCid."""
+def check_data(message: dict[str, Any], size: int, data: bytes) -> str:
+    """§8.2 step 2: ``dataSize`` bytes, equal to the descriptor's, hashing to its dataCid;
+    returns that CID."""
     descriptor = message.get("descriptor")
     if not isinstance(descriptor, dict):
         raise PeerError(424, "AttachmentInvalid", "message has no descriptor")
     if len(data) != size or descriptor.get("dataSize") != size:
         raise PeerError(424, "AttachmentInvalid", "data size does not match")
-    if data_cid(data) != descriptor.get("dataCid"):
+    cid = data_cid(data)
+    if cid != descriptor.get("dataCid"):
         raise PeerError(424, "AttachmentInvalid", "data does not hash to dataCid")
+    return cid

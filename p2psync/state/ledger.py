@@ -785,8 +785,20 @@ class Ledger:
             link_id = int(row[0])
             before, generation, rev = self._load(link_id, direction)
             checkpoint, overflowed = before, False
-            for kind, token in steps:
+            todo = list(steps)
+            i, n = 0, len(todo)
+            while i < n:
+                kind, token = todo[i]
+                i += 1
                 if kind == "received":
+                    # A settled token: both steps at once where that is simple (the window
+                    # hands the pair as one token object).
+                    if i < n and todo[i][1] is token and todo[i][0] == "applied":
+                        settled = checkpoint.settled(token)
+                        if settled is not None:
+                            checkpoint = settled
+                            i += 1
+                            continue
                     try:
                         checkpoint = checkpoint.received(token)
                     except CheckpointPendingOverflow as exc:

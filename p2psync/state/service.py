@@ -23,6 +23,7 @@ from typing import Any, Final
 
 import apsw
 
+from p2psync.dwn import datacid
 from p2psync.dwn.canonical import archived_without_data
 from p2psync.dwn.encoding import message_cid
 from p2psync.dwn.engine import Dwn
@@ -403,7 +404,13 @@ class StoreService:
 
         def apply_and_note_origin() -> ReplicationApplyResult:
             before = quotas.usage(tenant) if quotas is not None else None
-            result = self.dwn.apply_replicated_message(tenant, entry.message, entry.data, cid=entry.cid)
+            data, known = entry.data, entry.data_cid
+            if known is not None and type(data) is bytes:
+                # The sink hashed this very object checking it: the engine need not again.
+                with datacid.known(data, known):
+                    result = self.dwn.apply_replicated_message(tenant, entry.message, data, cid=entry.cid)
+            else:
+                result = self.dwn.apply_replicated_message(tenant, entry.message, data, cid=entry.cid)
             # A superseded arrival (an older update, a write after a delete) is archived too:
             # its origin says which device's write lost (`p2psync show`). It has no log entry,
             # so echo suppression, which reads origins of log entries, is unchanged.

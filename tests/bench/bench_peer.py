@@ -6,7 +6,10 @@
         [--skip pull push large blip engine reference]
 
 ``P2PSYNC_BENCH_PROFILE=DIR`` runs both sync workers under cProfile (``DIR/serve.prof``,
-``DIR/sync-pull.prof``, ...).
+``DIR/sync-pull.prof``, ...). ``P2PSYNC_BENCH_SAMPLE=DIR`` samples their stacks every
+millisecond of CPU instead (SIGPROF; far less distortion than cProfile) and writes the folded
+stacks to ``DIR/<role>.folded`` (one ``frame;frame;... count`` line a distinct stack, the
+format flame graph tools read).
 
 Builds (once, cached under ``--cache``) a store with ``--count`` signed records of ``--size``
 bytes of data, and one with ``--big-count`` records of ``--big-mib`` MiB, their set journals
@@ -285,6 +288,10 @@ def copy_store(src: Path, dst: Path) -> Path:
 def profiled(role: str, run: Any, *args: str) -> None:
     """Run one worker, under cProfile when ``P2PSYNC_BENCH_PROFILE`` names a directory (the
     stats land in ``<dir>/<role>.prof``; figures taken that way are slower, only the shares count)."""
+    sample_dir = os.environ.get("P2PSYNC_BENCH_SAMPLE")
+    if sample_dir:
+        sampled(os.path.join(sample_dir, f"{role}.folded"), run, *args)
+        return
     out = os.environ.get("P2PSYNC_BENCH_PROFILE")
     if not out:
         run(*args)
@@ -298,6 +305,46 @@ def profiled(role: str, run: Any, *args: str) -> None:
     finally:
         profile.disable()
         profile.dump_stats(os.path.join(out, f"{role}.prof"))
+
+
+#: The stack sampler's period, in CPU seconds (``P2PSYNC_BENCH_SAMPLE``).
+SAMPLE_CPU = 0.001
+
+
+def sampled(path: str, run: Any, *args: str) -> None:
+    """Run one worker with a SIGPROF stack sampler (every ``SAMPLE_CPU`` seconds of CPU) and
+    write the folded stacks to ``path``. The handler runs between bytecodes on the main thread,
+    so time in a C call (SQLite, a verify) is charged to the Python line that made it."""
+    import collections
+    import signal
+    import types
+
+    counts: collections.Counter[tuple[str, ...]] = collections.Counter()
+    names: dict[types.CodeType, str] = {}
+
+    def name(code: types.CodeType) -> str:
+        found = names.get(code)
+        if found is None:
+            where = code.co_filename.rsplit("/p2psync/", 1)[-1].rsplit("/site-packages/", 1)[-1]
+            found = names[code] = f"{where}:{code.co_qualname}"
+        return found
+
+    def on_sample(signum: int, frame: types.FrameType | None) -> None:
+        stack = []
+        while frame is not None:
+            stack.append(name(frame.f_code))
+            frame = frame.f_back
+        counts[tuple(reversed(stack))] += 1
+
+    signal.signal(signal.SIGPROF, on_sample)
+    signal.setitimer(signal.ITIMER_PROF, SAMPLE_CPU, SAMPLE_CPU)
+    try:
+        run(*args)
+    finally:
+        signal.setitimer(signal.ITIMER_PROF, 0, 0)
+        with open(path, "w") as f:
+            for stack, n in counts.most_common():
+                f.write(f"{';'.join(stack)} {n}\n")
 
 
 def _cpu_line(r: dict[str, Any], count: int, v: float) -> str:

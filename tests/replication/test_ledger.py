@@ -192,6 +192,49 @@ def test_mark_applied_against_the_model(data: st.DataObject) -> None:
         assert DirectionCheckpoint.from_wire(json.loads(json.dumps(cp.to_wire()))) == cp
 
 
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_settled_is_received_then_applied(data: st.DataObject) -> None:
+    """``settled`` (the ledger's shortcut for a settled token) gives exactly what ``received``
+    then ``applied`` give, or declines: for any checkpoint and any token, a forked or
+    foreign one included."""
+    cp = DirectionCheckpoint()
+    for p in sorted(data.draw(st.sets(st.integers(1, 60), max_size=12))):
+        cp = cp.received(tok(p))
+        if data.draw(st.booleans()):
+            cp, _ = cp.applied(tok(p))
+    position = data.draw(st.integers(0, 70))
+    token = data.draw(st.sampled_from([tok(position), tok(position, "e2"),
+                                       ProgressToken("stream-A", "e1", position, cid(position + 1000))]))
+    try:
+        slow: DirectionCheckpoint | Exception = cp.received(token).applied(token)[0]
+    except Exception as exc:
+        slow = exc
+    try:
+        fast = cp.settled(token)
+    except Exception as exc:  # only what the two steps raise too (a fork)
+        assert type(exc) is type(slow)
+        return
+    if fast is not None:
+        assert fast == slow
+    else:  # declined: something is unapplied, or the token is not past receivedToken
+        assert cp.unapplied_tokens or cp.received_token is not None and (
+            not token.same_domain(cp.received_token) or token.position <= cp.received_token.position)
+
+
+def test_record_takes_settled_pairs_as_the_steps_one_by_one(ledger: Ledger) -> None:
+    key = ledger.open_link(TENANT, REMOTE, SCOPE).key
+    other = ledger.open_link(TENANT, "did:key:z6MkOther", SCOPE).key
+    steps: list[Step] = [("received", tok(1)), ("received", tok(2)), ("applied", tok(2))]
+    steps += [s for p in range(3, 9) for s in (("received", tok(p)), ("applied", tok(p)))]
+    steps += [("applied", tok(1)), ("received", tok(9)), ("applied", tok(9)), ("received", tok(4))]
+    together = ledger.record(key, PULL, steps)
+    for step in steps:
+        ledger.record(other, PULL, [step])
+    assert together.checkpoint == ledger.get_checkpoint(other, PULL)[0]
+    assert together.checkpoint.contiguous_applied_token == tok(9)
+
+
 @settings(max_examples=60, deadline=None)
 @given(data=st.data())
 def test_frontier_is_safe_under_overflow(data: st.DataObject) -> None:
