@@ -34,18 +34,12 @@ _JS_MAX_SAFE_INTEGER = 2**53 - 1
 
 #: Requests that share one commit at most. A commit writes every page its writes dirtied, and
 #: each index keyed by a random CID dirties about one page a write until a batch is as large as
-#: the index has leaves. With :data:`PIPE_CACHE_KIB`, 10,000 1 KiB writes in a row wrote 28.6
-#: KiB a write to the WAL in 11.6 write calls at 256, 39.4 KiB in 16.8 at 64 (issue #17). A full
+#: the index has leaves. With an 8 MiB page cache (the store's :data:`~p2psync.dwn.store.CACHE_KIB`
+#: is larger), 10,000 1 KiB writes in a row wrote 28.6 KiB a write to the WAL in 11.6 write
+#: calls at 256, 39.4 KiB in 16.8 at 64 (issue #17). A full
 #: batch holds the store's write lock ~0.1 s, well under another writer's busy timeout
 #: (p2psync/dwn/store.py); the node's committer keeps its own 64.
 PIPE_BATCH_MAX: Final = 256
-
-#: The pipe's page cache (SQLite's default is 2 MiB). A batch's dirty pages and the leaves of
-#: the random-CID indexes outgrew the default: SQLite spilled dirty pages to the WAL in the middle
-#: of a transaction and read evicted ones back. Over the same 10,000 writes in batches of 256:
-#: 17.0 write and 9.6 read calls a write with 2 MiB, 11.6 and 2.9 with 8 MiB (no fewer with 16 or
-#: 32), system CPU ~70 -> ~45 us a write.
-PIPE_CACHE_KIB: Final = 8192
 
 # Replies are written as json.dumps(reply, separators=(",", ":")) writes them; built once.
 _REPLY_ENCODER: Final = json.JSONEncoder(separators=(",", ":"))
@@ -152,7 +146,6 @@ def run_pipe(store_path: str, stdin: IO[str] | None = None, stdout: IO[str] | No
     stdin = stdin or sys.stdin
     stdout = stdout or sys.stdout
     dwn = Dwn(Store(store_path))
-    dwn.store.conn.execute(f"PRAGMA cache_size=-{PIPE_CACHE_KIB}")
     session = PipeSession(dwn, _replicated_apply(dwn))
     try:
         for batch in _waiting_lines(stdin, PIPE_BATCH_MAX):

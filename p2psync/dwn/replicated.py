@@ -235,11 +235,12 @@ class _Verdict:
     that state.
     """
 
-    __slots__ = ("store", "tenant", "message", "data", "cid", "dropped")
+    __slots__ = ("store", "tenant", "message", "data", "cid", "dropped", "appends")
 
     def __init__(self, store: Store, tenant: str, message: Message, data: bytes | None, cid: str) -> None:
         self.store, self.tenant, self.message, self.data, self.cid = store, tenant, message, data, cid
         self.dropped: ReplicationApplyResult = Deferred("storage")
+        self.appends = store.events.appends  # the log's appends before this message's processing
 
     def __call__(self, reply: Reply) -> Verdict:
         code, detail = reply.code, reply.detail
@@ -271,7 +272,15 @@ class _Verdict:
         if placement.verdict is Verdict.DROP:
             return self.dropped
         if placement.stored and placement.reply.code in (202, 204):
-            position = _position(self.store, self.tenant, self.cid)
+            position = None
+            if placement.warped == 0:
+                # Processed once, where it sorts: its entry is the one that processing appended
+                # (a warp may append and remove entries again; then it is looked up).
+                appended = self.store.events.appended_since(self.appends, self.tenant, self.cid)
+                if appended is not None:
+                    position = ProgressToken(appended[1], appended[2], appended[0], self.cid)
+            if position is None:
+                position = _position(self.store, self.tenant, self.cid)
             return Applied(ancestry_only=placement.reply.code == 204, position=position)
         return Superseded()
 

@@ -29,6 +29,16 @@ SCHEMA_VERSION = 7
 # database file, and with a dozen pages per commit the default checkpoints every ~80 commits.
 WAL_AUTOCHECKPOINT_PAGES = 10_000
 
+#: Each store's page cache (SQLite's default is 2 MiB). An admitted message inserts into five
+#: indexes keyed by a random CID or record id (messages_cid, messages_record, events_cid,
+#: archive_cid, archive_record: 5.9 of the 8.4 pages a message dirtied at 16,000 stored, in
+#: commits of 64), so a write touches leaves all over them, and those indexes outgrow 2 MiB by
+#: ~4,000 stored (~500 pages per 10,000 messages each). Past that most inserts read their leaf
+#: back from the OS: 18.5 reads (74 KB) a message at 18,000 stored with 2 MiB, 4.8 with 16 MiB,
+#: system CPU 83-94 -> 64-71 us a message between 10,000 and 20,000 stored (issue #17; the
+#: cache grows only as pages are used, and holds the hot indexes of ~30,000 messages).
+CACHE_KIB = 16_384
+
 # Index properties kept as columns too, so a filter narrows in SQL by every one it names
 # with a plain string (or a list of strings); the rest is matched in Python.
 _NARROWING_COLUMNS = (
@@ -428,12 +438,12 @@ _BUSY_POLL_MAX: Final = 0.005
 class _Transaction:
     """The scope :meth:`Store.transaction` returns (see there)."""
 
-    __slots__ = ("_conn", "_nested", "_rolled_back")
+    __slots__ = ("_conn", "_nested", "_on_rollback")
 
-    def __init__(self, conn: apsw.Connection, rolled_back: Callable[[], None]) -> None:
+    def __init__(self, conn: apsw.Connection, on_rollback: Callable[[], None]) -> None:
         self._conn = conn
         self._nested = False
-        self._rolled_back = rolled_back  # a savepoint's rollback fires no SQLite hook
+        self._on_rollback = on_rollback  # a savepoint's rollback fires no SQLite hook
 
     def __enter__(self) -> object:
         self._nested = self._conn.in_transaction
@@ -443,9 +453,9 @@ class _Transaction:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if exc[0] is not None:
+            self._on_rollback()
         if self._nested:
-            if exc[0] is not None:
-                self._rolled_back()
             self._conn.__exit__(*exc)  # type: ignore[arg-type]
             return
         if exc[0] is None:
@@ -483,16 +493,17 @@ class Store:
         # (issue #17). They hold the pages one transaction changed (a batch: a few MB at most),
         # and durability is the WAL's, not theirs.
         self.conn.execute("PRAGMA temp_store=MEMORY")
+        self.conn.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
         self._migrate()
         # Tenants' row ids, cached. One first seen inside a transaction is also named in
         # ``_unsettled_tenants`` until a rollback (a whole transaction's, through SQLite's hook,
         # or a savepoint's, through :class:`_Transaction`) forgets it: the row may have gone.
         self._tenant_ids: dict[str, int] = {}
         self._unsettled_tenants: set[str] = set()
-        self.conn.set_rollback_hook(self._forget_unsettled_tenants)
         self.messages = MessageStore(self)
         self.data = DataStore(self)
         self.events = EventLog(self)
+        self.conn.set_rollback_hook(self._rolled_back)  # a whole transaction's (the committer's too)
 
     def _migrate(self) -> None:
         version = self.scalar("PRAGMA user_version")
@@ -533,7 +544,13 @@ class Store:
         without waiting) when another connection committed in between — how a ``p2psync
         write`` used to fail while the node applied a batch. Nested ones are savepoints.
         """
-        return _Transaction(self.conn, self._forget_unsettled_tenants)
+        return _Transaction(self.conn, self._rolled_back)
+
+    def _rolled_back(self) -> None:
+        """A transaction or a savepoint rolled back: what was made inside may be gone, so the
+        caches stop vouching for it (a tenant's row id, the last event appended)."""
+        self._forget_unsettled_tenants()
+        self.events.forget_last()
 
     # -- tenants -------------------------------------------------------------------------
 
@@ -926,7 +943,11 @@ def _may_match(text: str, needles: list[list[list[str]]]) -> bool:
     return False
 
 
-_NEXT_POSITION = "UPDATE tenants SET next_position = next_position + 1 WHERE id=? RETURNING next_position - 1"
+# The stream identity comes back with the position: a replicated apply reports both (its
+# progress token) and need not read them again (one statement less each, issue #17).
+_NEXT_POSITION = (
+    "UPDATE tenants SET next_position = next_position + 1 WHERE id=? RETURNING next_position - 1, stream_id, epoch"
+)
 
 
 class EventLog:
@@ -942,6 +963,10 @@ class EventLog:
         # While True (a canonical replay, p2psync/dwn/canonical.py) the handlers' appends and
         # deletions are skipped; the replay reconciles the log once it is done.
         self.frozen = False
+        # Entries appended through this object so far, and the last one as (tenant id, cid,
+        # position, stream_id, epoch): see :meth:`appended_since`.
+        self.appends = 0
+        self._last: tuple[int, str, int, str, str] | None = None
 
     def append(self, tenant: str, cid: str, indexes: dict[str, Any], indexes_json: str | None = None) -> int:
         """Append an entry; returns its position (0 while frozen). Atomic with the caller's transaction."""
@@ -960,12 +985,30 @@ class EventLog:
             "INSERT INTO events(tenant, position, cid, indexes) VALUES(?,?,?,?)",
             (tid, position, cid, indexes_json or json_compact(indexes)),
         )
+        self.appends += 1
+        self._last = (tid, cid, position, str(row[1]), str(row[2]))
         return position
+
+    def forget_last(self) -> None:
+        self._last = None
+
+    def appended_since(self, appends: int, tenant: str, cid: str) -> tuple[int, str, str] | None:
+        """(position, streamId, epoch) of ``cid``'s entry when the last entry appended since
+        :attr:`appends` was ``appends`` is it, as appended; None otherwise (then ask
+        :meth:`position_of`). For a caller that processed one message and has not removed its
+        entry since: it saves looking up what the append just wrote.
+        """
+        last = self._last
+        if self.appends == appends or last is None or last[1] != cid:
+            return None
+        tid = self._s.tenant_id(tenant, create=False)
+        return (last[2], last[3], last[4]) if tid == last[0] else None
 
     def delete_events_by_cid(self, tenant: str, cids: list[str]) -> None:
         tid = self._s.tenant_id(tenant, create=False)
         if tid is None or not cids or self.frozen:
             return
+        self._last = None
         self._s.conn.executemany("DELETE FROM events WHERE tenant=? AND cid=?", [(tid, c) for c in cids])
 
     def position_of(self, tenant: str, cid: str) -> int | None:

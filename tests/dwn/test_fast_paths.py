@@ -190,3 +190,13 @@ def test_memo_writes_the_message_json_once(alice: Identity) -> None:
         assert held is not None and held.descriptor_encoding is not None
         assert RecordsWrite.parse(message)._descriptor_encoding is held.descriptor_encoding
     assert message_json(message) == text
+
+
+def test_a_store_keeps_a_page_cache_for_its_random_key_indexes(tmp_path: Path) -> None:
+    from p2psync.dwn.store import CACHE_KIB
+
+    store = Store(tmp_path / "s.db")
+    try:
+        assert store.scalar("PRAGMA cache_size") == -CACHE_KIB  # KiB, not SQLite's 2 MiB default
+    finally:
+        store.close()

@@ -45,12 +45,14 @@ from p2psync.state.local import LocalApplier, LocalStoreFetcher
 from tests.replication.support import (
     CHAT,
     ChatWorld,
+    Clock,
     Step,
     assert_log_matches_messages,
     chat_world,
     grant_world,
     log_appends,
     process_all,
+    seeded,
     snapshot,
 )
 
@@ -236,6 +238,43 @@ def test_applied_carries_this_stores_progress_token(replica: Dwn) -> None:
         "position": str(second.position.position),
         "messageCid": s["thread"].cid,
     }
+
+
+def test_applied_token_is_the_log_entry_in_and_out_of_order(replica: Dwn) -> None:
+    """The token an Applied carries comes from the append its processing made (no second read)
+    when the message sorts last, and is looked up after a warp: both are the log's entry."""
+    alice, clock = seeded("token-alice"), Clock()
+    writes = []
+    for i in range(4):
+        now = clock.tick()
+        data = f"record {i}".encode()
+        write = RecordsWrite.create(signer=alice, data=data, schema="https://example.org/token",
+                                    data_format="text/plain", message_timestamp=now, date_created=now)
+        writes.append((write.message, data))
+    for message, data in [writes[1], writes[3], writes[0], writes[2]]:  # the 2nd and 4th sort before others
+        result = replica.apply_replicated_message(alice.did, message, data)
+        assert isinstance(result, Applied)
+        assert result.position == _token(replica, alice.did, message_cid(message))
+
+
+def test_the_last_append_is_forgotten_when_rolled_back_or_removed(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.db")
+    tenant, events = "did:example:alice", store.events
+    before = events.appends
+    with store.transaction():
+        position = events.append(tenant, "bafy-one", {})
+    assert events.appended_since(before, tenant, "bafy-one") == (position, *events.stream(tenant))
+    assert events.appended_since(events.appends, tenant, "bafy-one") is None  # nothing since
+    assert events.appended_since(before, tenant, "bafy-other") is None
+    assert events.appended_since(before, "did:example:bob", "bafy-one") is None
+    events.delete_events_by_cid(tenant, ["bafy-one"])
+    assert events.appended_since(before, tenant, "bafy-one") is None
+    before = events.appends
+    with pytest.raises(RuntimeError), store.transaction():
+        events.append(tenant, "bafy-two", {})
+        raise RuntimeError("rolled back")
+    assert events.position_of(tenant, "bafy-two") is None
+    assert events.appended_since(before, tenant, "bafy-two") is None
 
 
 def test_duplicate_before_any_handler_and_repairs_a_missing_log_entry(replica: Dwn) -> None:
