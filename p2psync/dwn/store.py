@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+import weakref
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
@@ -470,6 +471,15 @@ class _Transaction:
             self._conn.execute("ROLLBACK")
 
 
+def _rollback_hook(ref: weakref.ref[Store]) -> Callable[[], None]:
+    def rolled_back() -> None:
+        store = ref()
+        if store is not None:
+            store._rolled_back()
+
+    return rolled_back
+
+
 class Store:
     """One SQLite database file: the message store, data store and event logs of its tenants.
 
@@ -503,7 +513,9 @@ class Store:
         self.messages = MessageStore(self)
         self.data = DataStore(self)
         self.events = EventLog(self)
-        self.conn.set_rollback_hook(self._rolled_back)  # a whole transaction's (the committer's too)
+        # A whole transaction's rollback (the committer's too). Through a weak reference: a
+        # connection closed while its store is being collected rolls back into no store.
+        self.conn.set_rollback_hook(_rollback_hook(weakref.ref(self)))
 
     def _migrate(self) -> None:
         version = self.scalar("PRAGMA user_version")
