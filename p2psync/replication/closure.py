@@ -43,7 +43,7 @@ from typing import Any, Final, Literal, Protocol, TypeAlias
 import cbor2
 
 from p2psync.dwn.datacid import data_cid as compute_data_cid
-from p2psync.dwn.encoding import message_cid
+from p2psync.dwn.encoding import cid_of_bytes, dag_cbor_encode, message_cid
 from p2psync.dwn.permissions import GRANT_PATH, PERMISSIONS_PROTOCOL_URI, REVOCATION_PATH
 from p2psync.dwn.replication_types import (
     Ancestor,
@@ -184,8 +184,21 @@ class ReplicationEntry:
     encoded: bytes | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        if not self.cid:
-            object.__setattr__(self, "cid", _safe_cid(self.message))
+        if self.cid:
+            return
+        message = self.message
+        if self.encoded is None and type(message) is dict and "encodedData" not in message:
+            # The CID is the hash of the message's DAG-CBOR: keep those bytes, the store keeps
+            # them as the message's wire form (store.py, schema 8).
+            try:
+                encoded = dag_cbor_encode(message)
+            except Exception:  # not a message: _safe_cid names it
+                pass
+            else:
+                object.__setattr__(self, "encoded", encoded)
+                object.__setattr__(self, "cid", cid_of_bytes(encoded))
+                return
+        object.__setattr__(self, "cid", _safe_cid(message))
 
     def with_data(self, data: bytes, data_cid: str | None = None) -> ReplicationEntry:
         """This entry with ``data`` (and its CID when the caller hashed it: never another's)."""

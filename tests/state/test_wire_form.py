@@ -104,7 +104,7 @@ def test_a_stored_entry_reads_as_the_entry_it_stands_for(tmp_path: Path) -> None
     swapped = entry.with_data(b"other")
     assert swapped.message == chat.message and swapped.data == b"other" and swapped.encoded == entry.encoded
     plain = ReplicationEntry(chat.message, chat.data)
-    assert plain.record_id == entry.record_id and plain.encoded is None
+    assert plain.record_id == entry.record_id and plain.encoded == entry.encoded  # kept from its CID
     assert encode_message_entry(plain) == encode_message_entry(entry)
     authored.close()
     replica.close()
@@ -129,3 +129,22 @@ def test_a_schema_7_store_gets_the_column_and_lists_as_before(tmp_path: Path) ->
     assert conn.execute("SELECT count(wire) FROM messages").fetchone() == (1,)  # new rows keep it
     assert listing(reopened.store, w.tenant)[-1][4] == encode_message_entry(ReplicationEntry(late.message, b"late"))
     reopened.close()
+
+
+def test_a_sink_hands_the_bytes_it_hashed_to_the_store(tmp_path: Path) -> None:
+    """A sink computes each entry's CID from its DAG-CBOR (ReplicationEntry): applied with both,
+    the message keeps its wire form; with the CID alone (bytes not at hand) it does not."""
+    w = world()
+    handed = Dwn(Store(tmp_path / "handed.db"))
+    bare = Dwn(Store(tmp_path / "bare.db"))
+    for step in w.ordered():
+        entry = ReplicationEntry(step.message, step.data)
+        assert entry.encoded == encode_body(step.message)
+        assert handed.apply_replicated_message(w.tenant, entry.message, entry.data, cid=entry.cid,
+                                               encoded=entry.encoded).kind == "Applied"
+        assert bare.apply_replicated_message(w.tenant, entry.message, entry.data, cid=entry.cid).kind == "Applied"
+    assert handed.store.conn.execute("SELECT count(wire) FROM messages").fetchone()[0] >= 5
+    assert bare.store.conn.execute("SELECT count(wire) FROM messages").fetchone()[0] == 0
+    assert listing(handed.store, w.tenant) == listing(bare.store, w.tenant)
+    handed.close()
+    bare.close()
