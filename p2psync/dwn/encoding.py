@@ -525,10 +525,10 @@ class DescriptorEncoding:
         if held is None:
             return self._message_cid(message)
         if held.cid is None:
-            held.cid = self._message_cid(message)
+            held.cid = self._message_cid(message, held)
         return held.cid
 
-    def _message_cid(self, message: dict[str, Any]) -> str:
+    def _message_cid(self, message: dict[str, Any], held: _memo.MessageMemo | None = None) -> str:
         descriptor_encoded = self._encoded
         if (
             descriptor_encoded is not None
@@ -549,7 +549,10 @@ class DescriptorEncoding:
                         _fast_into(message[key], out)
             except Exception:  # see _fast_encode
                 return _message_cid(message)
-            return cid_of_bytes(b"".join(out))
+            encoded = b"".join(out)
+            if held is not None:
+                held.encoded = encoded  # the message as it travels, for the store to keep
+            return cid_of_bytes(encoded)
         return _message_cid(message)
 
 

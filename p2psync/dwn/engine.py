@@ -93,14 +93,16 @@ class Dwn:
         return None
 
     def apply_replicated_message(
-        self, tenant: str, message: Any, data: bytes | None = None, *, cid: str | None = None
+        self, tenant: str, message: Any, data: bytes | None = None, *, cid: str | None = None,
+        encoded: bytes | None = None,
     ) -> ReplicationApplyResult:
         """Apply a message that came from another replica; see :mod:`p2psync.dwn.replicated`.
 
         ``cid``: the message's CID when the caller has already computed it from this very
-        object (never a CID taken from the wire).
+        object (never a CID taken from the wire); ``encoded``: the DAG-CBOR it computed it from.
         """
-        return replicated.apply_replicated_message(self, tenant, in_dag_cbor_order(message), data, cid=cid)
+        return replicated.apply_replicated_message(self, tenant, in_dag_cbor_order(message), data, cid=cid,
+                                                   encoded=encoded)
 
     def process_message(self, tenant: str, message: Any, data: bytes | None = None) -> Reply:
         """Process one message (with its data for a RecordsWrite) and answer like the reference.

@@ -25,11 +25,15 @@ __all__ = ["MessageMemo", "of", "processing"]
 class MessageMemo:
     """Facts about one message object; each is None until someone derived it."""
 
-    __slots__ = ("message", "cid", "json", "descriptor_encoding", "payload", "data", "data_cid", "in_order")
+    __slots__ = ("message", "cid", "encoded", "json", "descriptor_encoding", "payload", "data", "data_cid",
+                 "in_order")
 
     def __init__(self, message: Any, cid: str | None) -> None:
         self.message = message
         self.cid = cid  # the message CID (encoding.message_cid)
+        # the message's DAG-CBOR when its CID was computed over exactly that (no encodedData):
+        # what a MessageEntry carries on the wire, which the store keeps (store.py's `wire`)
+        self.encoded: bytes | None = None
         self.json: str | None = None  # encoding.json_compact(message)
         # encoding.DescriptorEncoding of message["descriptor"], with its entry ids
         self.descriptor_encoding: Any = None

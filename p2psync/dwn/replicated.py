@@ -147,14 +147,19 @@ class MessageProcessor(typing.Protocol):
 
 
 def apply_replicated_message(
-    dwn: MessageProcessor, tenant: str, message: Any, data: bytes | None = None, *, cid: str | None = None
+    dwn: MessageProcessor, tenant: str, message: Any, data: bytes | None = None, *, cid: str | None = None,
+    encoded: bytes | None = None,
 ) -> ReplicationApplyResult:
     """Apply one replicated message (with its record data, if any) to ``tenant``'s DWN.
 
-    ``cid``: the CID the caller computed from ``message`` itself (it saves recomputing it).
+    ``cid``: the CID the caller computed from ``message`` itself (it saves recomputing it);
+    ``encoded``: the DAG-CBOR of ``message`` that CID hashes, when the caller has it (the store
+    keeps it as the message's wire form).
     """
     known = cid if cid is not None and not cid.startswith("uncomputable:") else None
-    with memo.processing(message, known):
+    with memo.processing(message, known) as held:
+        if known is not None and encoded is not None and held.encoded is None and held.cid == known:
+            held.encoded = encoded
         return _apply(dwn, tenant, message, data, cid)
 
 

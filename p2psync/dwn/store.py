@@ -21,10 +21,11 @@ from typing import Any, Final, Protocol
 
 import apsw
 
+from p2psync.dwn import memo as _memo
 from p2psync.dwn.encoding import json_compact, message_cid
 from p2psync.dwn.errors import DwnError
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 # Checkpoint the WAL every ~40 MB rather than the default ~4 MB: each checkpoint syncs the
 # database file, and with a dozen pages per commit the default checkpoints every ~80 commits.
@@ -325,6 +326,15 @@ _MIGRATIONS: dict[int, str] = {
             ON CONFLICT(tenant) DO UPDATE SET messages = messages + 1, bytes = bytes + excluded.bytes;
     END;
     """,
+    # A message's wire form beside its JSON (issue #17): `wire` is the DAG-CBOR of the stored
+    # message less its encodedData — the `message` member of a MessageEntry, byte for byte —
+    # kept when the engine had those bytes anyway (it hashes them for the message CID), so a
+    # source lists and sends the message without decoding its JSON and encoding it again.
+    # NULL where the bytes were not at hand (rows from before, a message stored in another
+    # form than it was hashed): readers fall back to the JSON.
+    8: """
+    ALTER TABLE messages ADD COLUMN wire BLOB;
+    """,
 }
 
 
@@ -389,7 +399,8 @@ _COLUMN_LIST = ", ".join(column for _, column in _NARROWING_COLUMNS)
 _COLUMN_MARKS = ",".join("?" * len(_NARROWING_COLUMNS))
 _NARROWING_PROPS = tuple(prop for prop, _ in _NARROWING_COLUMNS)
 _INSERT_MESSAGE = (
-    f"INSERT OR IGNORE INTO messages(tenant, cid, body, indexes, {_COLUMN_LIST}) VALUES(?,?,?,?,{_COLUMN_MARKS})"
+    f"INSERT OR IGNORE INTO messages(tenant, cid, body, indexes, wire, {_COLUMN_LIST})"
+    f" VALUES(?,?,?,?,?,{_COLUMN_MARKS})"
 )
 
 
@@ -415,6 +426,27 @@ def _candidate_sql_of(shape: tuple[tuple[str, int], ...]) -> tuple[str, int]:
     if len(_candidate_sql) < _CANDIDATE_SQL_CACHE_MAX:
         _candidate_sql[shape] = (sql, copies)
     return sql, copies
+
+
+def _wire_form(stored: dict[str, Any]) -> bytes | None:
+    """The DAG-CBOR of ``stored`` less its encodedData when the engine already encoded it
+    (schema 8's `wire`): the message being processed was hashed from those bytes, and
+    ``stored`` is that message (plus encodedData) member for member. Else None: encoding it
+    here would cost the writer what it saves the reader."""
+    held = _memo.current()
+    if held is None or held.encoded is None:
+        return None
+    message = held.message
+    if stored is not message:
+        # The engine stores a copy with encodedData added: the same members, the same objects.
+        if type(message) is not dict or len(stored) - ("encodedData" in stored) != len(message):
+            return None
+        for key, value in message.items():
+            if stored.get(key, stored) is not value:
+                return None
+    elif "encodedData" in stored:
+        return None  # hashed without it (the memo keeps the message as hashed, not this one)
+    return held.encoded
 
 
 class Atomic(Protocol):
@@ -747,6 +779,7 @@ class MessageStore:
                 cid,
                 body,
                 indexes_json or json_compact(indexes),
+                _wire_form(message),
                 *[v if isinstance(v, str) else None for v in map(indexes.get, _NARROWING_PROPS)],
             ),
         )

@@ -40,8 +40,10 @@ from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal, Protocol, TypeAlias
 
+import cbor2
+
 from p2psync.dwn.datacid import data_cid as compute_data_cid
-from p2psync.dwn.encoding import message_cid
+from p2psync.dwn.encoding import cid_of_bytes, dag_cbor_encode, message_cid
 from p2psync.dwn.permissions import GRANT_PATH, PERMISSIONS_PROTOCOL_URI, REVOCATION_PATH
 from p2psync.dwn.replication_types import (
     Ancestor,
@@ -75,6 +77,7 @@ __all__ = [
     "DependencyFetcher",
     "FetchRequest",
     "ReplicationEntry",
+    "StoredEntry",
     "Withheld",
     "answers_ref",
     "closure_failure_code",
@@ -176,14 +179,69 @@ class ReplicationEntry:
     #: the CID of ``data``, when whoever made the entry hashed that very object (a sink
     #: checking it against the descriptor): the apply takes it instead of hashing again
     data_cid: str | None = field(default=None, compare=False)
+    #: the message's DAG-CBOR when already at hand (a stored message's wire form, store.py):
+    #: what the `message` member of a MessageEntry is, byte for byte
+    encoded: bytes | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        if not self.cid:
-            object.__setattr__(self, "cid", _safe_cid(self.message))
+        if self.cid:
+            return
+        message = self.message
+        if self.encoded is None and type(message) is dict and "encodedData" not in message:
+            # The CID is the hash of the message's DAG-CBOR: keep those bytes, the store keeps
+            # them as the message's wire form (store.py, schema 8).
+            try:
+                encoded = dag_cbor_encode(message)
+            except Exception:  # not a message: _safe_cid names it
+                pass
+            else:
+                object.__setattr__(self, "encoded", encoded)
+                object.__setattr__(self, "cid", cid_of_bytes(encoded))
+                return
+        object.__setattr__(self, "cid", _safe_cid(message))
 
     def with_data(self, data: bytes, data_cid: str | None = None) -> ReplicationEntry:
         """This entry with ``data`` (and its CID when the caller hashed it: never another's)."""
         return replace(self, data=data, data_cid=data_cid)
+
+    @property
+    def record_id(self) -> str | None:
+        """The message's ``recordId`` (a RecordsWrite's), else None."""
+        record_id = self.message.get("recordId") if isinstance(self.message, dict) else None
+        return record_id if isinstance(record_id, str) else None
+
+
+class StoredEntry(ReplicationEntry):
+    """A RecordsWrite read from a store in its wire form: ``encoded`` is the message's DAG-CBOR,
+    decoded into :attr:`message` only when something reads it. A source that sends the tenant's
+    whole log to its owner never does: it sends ``encoded`` as stored (issue #17)."""
+
+    def __init__(self, encoded: bytes, data: bytes | None, cid: str, record_id: str | None) -> None:
+        # Not the dataclass's __init__: ``message`` is computed, the rest as given.
+        object.__setattr__(self, "encoded", encoded)
+        object.__setattr__(self, "data", data)
+        object.__setattr__(self, "cid", cid)
+        object.__setattr__(self, "data_cid", None)
+        object.__setattr__(self, "_record_id", record_id)
+
+    @property
+    def message(self) -> Message:
+        decoded: Message | None = self.__dict__.get("_message")
+        if decoded is None:
+            decoded = cbor2.loads(self.__dict__["encoded"])
+            object.__setattr__(self, "_message", decoded)
+        return decoded
+
+    @property
+    def record_id(self) -> str | None:
+        record_id: str | None = self.__dict__["_record_id"]
+        return record_id
+
+    def with_data(self, data: bytes, data_cid: str | None = None) -> ReplicationEntry:
+        assert self.encoded is not None
+        entry = StoredEntry(self.encoded, data, self.cid, self.record_id)
+        object.__setattr__(entry, "data_cid", data_cid)
+        return entry
 
 
 def _safe_cid(message: Any) -> str:

@@ -339,7 +339,7 @@ class Source:
             if entry is not None and readable:
                 data = entry.data
                 inline = data is not None and len(data) <= INLINE_DATA_MAX
-                message = encode_body(entry.message)
+                message = entry.encoded if entry.encoded is not None else encode_body(entry.message)
                 if batching and (inline or (data is None and size is None)):
                     # Goes in a `revs`: the entry with its token's position and CID.
                     member = _message_entry_cbor(message, data, size, token)
@@ -564,7 +564,8 @@ def encode_message_entry(
     """``encode_body(message_entry(entry, size=size))``, byte for byte, with the token's
     ``position`` and ``messageCid`` added when given (a `revs` member, §8.4); the message is
     encoded alone, so the data never goes through the general encoder."""
-    return _message_entry_cbor(encode_body(entry.message), entry.data, size, token)
+    message = entry.encoded if entry.encoded is not None else encode_body(entry.message)
+    return _message_entry_cbor(message, entry.data, size, token)
 
 
 def encode_revs_body(members: list[bytes]) -> bytes:
@@ -591,8 +592,8 @@ def _batch_outcome(obj: Any) -> str | PeerError:
 
 def _item(token: ProgressToken, entry: ReplicationEntry | None, size: int | None) -> list[Any]:
     item: list[Any] = [str(token.position), token.message_cid]
-    record_id = entry.message.get("recordId") if entry is not None else None
-    if isinstance(record_id, str):
+    record_id = entry.record_id if entry is not None else None
+    if record_id is not None:
         item.append(record_id)
         if size is not None:
             item.append(size)

@@ -43,6 +43,7 @@ from p2psync.replication.closure import (
     ClosureAdmitter,
     ClosureOutcome,
     ReplicationEntry,
+    StoredEntry,
 )
 
 __all__ = ["LocalApplier", "LocalStoreFetcher", "ReconcileReport", "reconcile"]
@@ -52,6 +53,27 @@ Message = dict[str, Any]
 # Data above this size lives in the data store rather than inline (the reference's
 # DwnConstant.maxDataSizeAllowedToBeEncoded).
 MAX_DATA_SIZE_ENCODED = 30_000
+
+
+#: What :meth:`LocalStoreFetcher.log_page` reads of a listed message: (the stored JSON, the
+#: wire form, the data, the recordId). A message with its wire form (schema 8) and data up to
+#: the inline limit comes as its wire form and the data it was admitted with (the archive's
+#: bytes: the state keeps them only as base64url inside the JSON); any other as its JSON alone.
+StoredRow = tuple[str | None, bytes | None, bytes | None, str | None]
+
+_SENT_AS_STORED = f"m.wire IS NOT NULL AND length(a.data) BETWEEN 1 AND {MAX_DATA_SIZE_ENCODED}"
+# A page of the log with what each message needs to be listed (StoredRow). length() of a blob
+# reads no overflow page: a large archived body is not read here.
+_LOG_PAGE = (
+    "SELECT e.position, e.cid,"
+    f" CASE WHEN {_SENT_AS_STORED} THEN NULL ELSE m.body END,"
+    f" CASE WHEN {_SENT_AS_STORED} THEN m.wire END,"
+    f" CASE WHEN {_SENT_AS_STORED} THEN a.data END,"
+    " m.record_id"
+    " FROM events e LEFT JOIN messages m ON m.tenant=e.tenant AND m.cid=e.cid"
+    " LEFT JOIN archive a ON a.tenant=e.tenant AND a.cid=e.cid"
+    " WHERE e.tenant=? AND e.position>? ORDER BY e.position LIMIT ?"
+)
 
 
 class LocalApplier:
@@ -120,30 +142,35 @@ class LocalStoreFetcher:
         indexes = self.store.messages.get_indexes(tenant, stored_cid) or {}
         return self._entry(tenant, message, latest=indexes.get("isLatestBaseState") is True)
 
-    def log_page(self, tenant: str, after: int, limit: int) -> list[tuple[int, str, str | None]]:
+    def log_page(self, tenant: str, after: int, limit: int) -> list[tuple[int, str, StoredRow | None]]:
         """The tenant's log entries with position > ``after`` in order, at most ``limit``, as
-        (position, messageCid, the stored text of the message under that CID or None), for
-        :meth:`listed_entry`. One statement for a page: a read per listed message cost more than
+        (position, messageCid, what :meth:`listed_entry` needs of the message stored under that
+        CID, or None). One statement for a page: a read per listed message cost more than
         decoding it (issue #17)."""
         tid = self.store.tenant_id(tenant, create=False)
         if tid is None:
             return []
-        return [(int(position), cid, body) for position, cid, body in self.store.conn.execute(
-            "SELECT e.position, e.cid, m.body FROM events e LEFT JOIN messages m ON m.tenant=e.tenant AND m.cid=e.cid"
-            " WHERE e.tenant=? AND e.position>? ORDER BY e.position LIMIT ?", (tid, after, limit))]
+        return [(int(position), cid, None if body is None and wire is None else (body, wire, data, record_id))
+                for position, cid, body, wire, data, record_id in self.store.conn.execute(_LOG_PAGE,
+                                                                                         (tid, after, limit))]
 
     def listed_entry(
-        self, tenant: str, cid: str, stored: str | None = None
+        self, tenant: str, cid: str, stored: StoredRow | None = None
     ) -> tuple[ReplicationEntry, int | None] | None:
         """Like :meth:`entry_by_cid`, for a feed that lists before it sends: data kept out of
         line is not read (it travels later, by ``getAttachment``); its size comes instead.
-        ``stored``: the message's stored text when already read (:meth:`log_page`).
+        ``stored``: what :meth:`log_page` read of the message.
 
         Returns the entry (with inline data only) and the size of its data (None: no data).
         Reading a 10 MiB record per listed item would hold a whole page of them in memory.
         """
         if stored is not None:
-            message, stored_cid = json.loads(stored), cid
+            body, wire, data, record_id = stored
+            if wire is not None and data is not None:
+                # As it travels: no JSON to decode, no base64 to decode, no CBOR to encode.
+                return StoredEntry(wire, data, cid, record_id), len(data)
+            assert body is not None
+            message, stored_cid = json.loads(body), cid
         else:
             found = self._stored(tenant, cid)
             if found is None:

@@ -408,9 +408,11 @@ class StoreService:
             if known is not None and type(data) is bytes:
                 # The sink hashed this very object checking it: the engine need not again.
                 with datacid.known(data, known):
-                    result = self.dwn.apply_replicated_message(tenant, entry.message, data, cid=entry.cid)
+                    result = self.dwn.apply_replicated_message(tenant, entry.message, data, cid=entry.cid,
+                                                               encoded=entry.encoded)
             else:
-                result = self.dwn.apply_replicated_message(tenant, entry.message, data, cid=entry.cid)
+                result = self.dwn.apply_replicated_message(tenant, entry.message, data, cid=entry.cid,
+                                                           encoded=entry.encoded)
             # A superseded arrival (an older update, a write after a delete) is archived too:
             # its origin says which device's write lost (`p2psync show`). It has no log entry,
             # so echo suppression, which reads origins of log entries, is unchanged.

@@ -66,10 +66,12 @@ def v5_archive_keys(dwn: Dwn) -> None:
 
 def open_v5(path: Path) -> Dwn:
     """A schema-5 store opened by this p2psync, which reads the archive's ``data_in`` (schema
-    7): the column is there while it is open (:func:`close_v5` takes it out again)."""
+    7) and writes the messages' ``wire`` (schema 8): the columns are there while it is open
+    (:func:`close_v5` takes them out again)."""
     old = Dwn(Store(path))
     assert old.store.scalar("PRAGMA user_version") == 5
     old.store.conn.execute("ALTER TABLE archive ADD COLUMN data_in TEXT")
+    old.store.conn.execute("ALTER TABLE messages ADD COLUMN wire BLOB")  # schema 8's, likewise
     return old
 
 
@@ -108,7 +110,7 @@ def test_a_schema_5_store_migrates_and_answers_the_same(tmp_path: Path, monkeypa
 
     migrated = Dwn(Store(path))
     store = migrated.store
-    assert store.scalar("PRAGMA user_version") == SCHEMA_VERSION == 7
+    assert store.scalar("PRAGMA user_version") == SCHEMA_VERSION == 8
     for name in ("messages_entry", "messages_parent", "messages_context", "messages_protocol", "archive_stored"):
         assert " WHERE " in index_sql(store, name), name
     assert store.scalar("SELECT count(*) FROM archive_keys") == keys - own

@@ -299,10 +299,18 @@ def kinds(results: Iterable[ReplicationApplyResult]) -> list[str]:
     return [r.kind for r in results]
 
 
+def undo_schema_8(conn: Any) -> None:
+    """Take out what schema 8 added (the messages' ``wire``), for tests that turn a store back
+    into an older schema's and open it again."""
+    if any(row[1] == "wire" for row in conn.execute("PRAGMA table_info(messages)")):
+        conn.execute("ALTER TABLE messages DROP COLUMN wire")
+
+
 def undo_schema_7(conn: Any) -> None:
-    """Take out what schema 7 added (the archive's ``data_in``, the trigger that keeps a data
-    row's bytes in the archive, the usage triggers that read ``data_in``), for tests that turn
-    a store back into an older schema's and open it again."""
+    """Take out what schemas 7 and 8 added (the archive's ``data_in``, the trigger that keeps a
+    data row's bytes in the archive, the usage triggers that read ``data_in``; the messages'
+    ``wire``), for tests that turn a store back into an older schema's and open it again."""
+    undo_schema_8(conn)
     conn.execute("DROP TRIGGER IF EXISTS archive_data_kept")
     for trigger in ("tenant_usage_insert", "tenant_usage_delete", "tenant_usage_update"):
         conn.execute(f"DROP TRIGGER IF EXISTS {trigger}")
