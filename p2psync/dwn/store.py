@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import time
 import uuid
-import weakref
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
@@ -503,15 +502,6 @@ class _Transaction:
             self._conn.execute("ROLLBACK")
 
 
-def _rollback_hook(ref: weakref.ref[Store]) -> Callable[[], None]:
-    def rolled_back() -> None:
-        store = ref()
-        if store is not None:
-            store._rolled_back()
-
-    return rolled_back
-
-
 class Store:
     """One SQLite database file: the message store, data store and event logs of its tenants.
 
@@ -538,16 +528,14 @@ class Store:
         self.conn.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
         self._migrate()
         # Tenants' row ids, cached. One first seen inside a transaction is also named in
-        # ``_unsettled_tenants`` until a rollback (a whole transaction's, through SQLite's hook,
-        # or a savepoint's, through :class:`_Transaction`) forgets it: the row may have gone.
+        # ``_unsettled_tenants`` until a rollback (:class:`_Transaction`'s or :meth:`rollback`)
+        # forgets it: the row may have gone. (Not SQLite's rollback hook: a connection closed
+        # by the garbage collector would call into a store half taken apart.)
         self._tenant_ids: dict[str, int] = {}
         self._unsettled_tenants: set[str] = set()
         self.messages = MessageStore(self)
         self.data = DataStore(self)
         self.events = EventLog(self)
-        # A whole transaction's rollback (the committer's too). Through a weak reference: a
-        # connection closed while its store is being collected rolls back into no store.
-        self.conn.set_rollback_hook(_rollback_hook(weakref.ref(self)))
 
     def _migrate(self) -> None:
         version = self.scalar("PRAGMA user_version")
@@ -589,6 +577,13 @@ class Store:
         write`` used to fail while the node applied a batch. Nested ones are savepoints.
         """
         return _Transaction(self.conn, self._rolled_back)
+
+    def rollback(self) -> None:
+        """Roll back the open transaction, if any, begun outside :meth:`transaction` (the group
+        committer's batch), and stop vouching for what it made."""
+        if self.conn.in_transaction:
+            self.conn.execute("ROLLBACK")
+        self._rolled_back()
 
     def _rolled_back(self) -> None:
         """A transaction or a savepoint rolled back: what was made inside may be gone, so the

@@ -167,8 +167,7 @@ class GroupCommitter:
         except (apsw.Error, Exception) as exc:
             log.error("group commit of %d writes failed: %s", batch.writes, exc)
             batch.error = exc
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
+            self.store.rollback()
         finally:
             self._batch = None
             batch.done.set()

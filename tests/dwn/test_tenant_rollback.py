@@ -17,6 +17,19 @@ class Abandoned(Exception):
     pass
 
 
+def test_the_committers_rollback_forgets_a_tenant_made_in_its_batch(tmp_path: Path) -> None:
+    w = chat_world()
+    replica = Dwn(Store(tmp_path / "replica.db"))
+    replica.store.conn.execute("BEGIN IMMEDIATE")  # how the group committer opens a batch
+    for step in w.ordered():
+        replica.apply_replicated_message(w.tenant, step.message, step.data)
+    replica.store.rollback()  # its COMMIT failed
+    assert replica.store.tenant_id(w.tenant, create=False) is None
+    for step in w.ordered():
+        replica.apply_replicated_message(w.tenant, step.message, step.data)
+    assert replica.store.conn.execute("SELECT count(*) FROM messages").fetchone()[0] > 0
+
+
 @pytest.mark.parametrize("nested", [False, True], ids=["transaction", "savepoint"])
 def test_a_tenant_made_in_a_rolled_back_transaction_is_not_remembered(tmp_path: Path, nested: bool) -> None:
     w = chat_world()
