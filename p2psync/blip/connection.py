@@ -16,7 +16,8 @@ What it does for its caller:
   :data:`~p2psync.blip.wire.BIG_FRAME_SIZE` for an urgent message or when nothing else waits;
 - flow control: ACKs every :data:`~p2psync.blip.wire.ACK_INTERVAL` bytes of an incoming
   multi-frame message; an outgoing message pauses while more than
-  :data:`~p2psync.blip.wire.MAX_UNACKED_BYTES` of it are unacknowledged;
+  :attr:`BlipConnection.send_window` of it (:data:`~p2psync.blip.wire.MAX_UNACKED_BYTES`, or
+  :data:`~p2psync.blip.wire.WIDE_UNACKED_BYTES` once the peer takes that) are unacknowledged;
 - the CRC and deflate state of each direction (:mod:`p2psync.blip.codec`);
 - error handling: fatal errors raise :class:`~p2psync.blip.errors.ProtocolError` and leave the
   connection in :attr:`ConnectionState.ERROR`; frame errors are reported as
@@ -287,6 +288,9 @@ class BlipConnection:
         #: Frame body bytes taken in (after inflating) and frame bytes produced, ACKs aside.
         self.bytes_received = 0
         self.bytes_sent = 0
+        #: Unacknowledged bytes of one outgoing message past which it pauses (the window):
+        #: MAX_UNACKED_BYTES, or more once the peer said it takes more (WIDE_UNACKED_BYTES).
+        self.send_window = MAX_UNACKED_BYTES
         self._encoder = FrameEncoder(compression_level)
         self._decoder = FrameDecoder()
         # Outgoing side.
@@ -486,7 +490,7 @@ class BlipConnection:
                 if not msg.tracked:
                     msg.tracked = True
                     (self._out_requests if msg.type == MSG else self._out_replies)[number] = msg
-                if msg.sent - msg.acked > MAX_UNACKED_BYTES:
+                if msg.sent - msg.acked > self.send_window:
                     msg.paused = True
                 elif msg.pending or msg.done:
                     self._enqueue(msg)
@@ -786,7 +790,7 @@ class BlipConnection:
             return [FrameIgnored(number, flags, f"ACK of {count} bytes, only {msg.sent} sent")]
         if count > msg.acked:
             msg.acked = count
-            if msg.paused and msg.sent - count <= MAX_UNACKED_BYTES:
+            if msg.paused and msg.sent - count <= self.send_window:
                 msg.paused = False
                 self._reschedule(msg)
         return []

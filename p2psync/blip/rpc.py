@@ -48,6 +48,7 @@ from p2psync.blip.wire import (
     PROFILE_PROPERTY,
     RPY,
     URGENT,
+    WIDE_UNACKED_BYTES,
     subprotocol_for,
 )
 
@@ -107,8 +108,9 @@ MAX_QUEUED_REPLY_BYTES_HARD = 4 * MAX_MESSAGE_SIZE
 #: A streamed outgoing body is pulled from its source only while less than this is queued.
 STREAM_LOW_WATER = 64 * 1024
 #: A streamed incoming body buffers at most this much unread before we call the peer
-#: broken: an honest sender stops at the window (128,000 bytes) plus one frame.
-STREAM_BUFFER_LIMIT = 4 * MAX_UNACKED_BYTES
+#: broken: an honest sender stops at the window (128,000 bytes, or 1,000,000 once we said in
+#: hello that we take it: WIDE_UNACKED_BYTES) plus one frame.
+STREAM_BUFFER_LIMIT = 4 * WIDE_UNACKED_BYTES
 
 #: An ERR's message text at most (UTF-8 bytes): error replies never echo unbounded input —
 #: a request naming a 100 KB profile must not buy a 100 KB reply (issue #15). Ours; refusals
@@ -319,6 +321,19 @@ class Connection(Transport):
             raise ValueError("max_message_size must be positive")
         self._max_message_size = size
         self._core.max_inflated_frame = inflated_frame_limit(size)
+
+    @property
+    def send_window(self) -> int:
+        """Unacknowledged bytes of one outgoing message past which it waits for an ACK:
+        ``MAX_UNACKED_BYTES`` (what every BLIP receiver expects) until the application learns
+        that the other side takes more (P2PSync's `wideWindow`, ``WIDE_UNACKED_BYTES``)."""
+        return self._core.send_window
+
+    @send_window.setter
+    def send_window(self, size: int) -> None:
+        if size < MAX_UNACKED_BYTES:
+            raise ValueError(f"send_window must be at least {MAX_UNACKED_BYTES}")
+        self._core.send_window = size
 
     @property
     def subprotocol(self) -> str:

@@ -21,6 +21,7 @@ import trio
 
 from p2psync import blip
 from p2psync.blip.rpc import MAX_QUEUED_REPLY_BYTES_HARD
+from p2psync.blip.wire import WIDE_UNACKED_BYTES
 from p2psync.dwn import datacid
 from p2psync.replication.effects import (
     AwaitClaim,
@@ -178,6 +179,8 @@ class PeerSession:
         if self.conn is not None and self.proto.hello_ok:
             self.conn.max_message_size = self._max_message
             self.conn.max_reply_backlog = MAX_QUEUED_REPLY_BYTES_HARD
+            if self.proto.wide_window:
+                self.conn.send_window = WIDE_UNACKED_BYTES
 
     async def hello_quietly(self) -> None:
         with contextlib.suppress(HelloFailed):

@@ -22,7 +22,8 @@ from p2psync.dwn.jws import sign_payload, verify
 from p2psync.replication.wire import HELLO_NONCE_BYTES, PROFILE_VERSION, SUBPROTOCOL, refuse
 
 __all__ = [
-    "HELLO_PURPOSE", "OFFERED_CAPABILITIES", "REVS", "Hello", "HelloChannelMismatch", "HelloProofInvalid",
+    "HELLO_PURPOSE", "OFFERED_CAPABILITIES", "REVS", "WIDE_WINDOW", "Hello", "HelloChannelMismatch",
+    "HelloProofInvalid",
     "make_proof", "new_hello", "verify_proof",
 ]
 
@@ -33,8 +34,12 @@ MAX_AGENT_CHARS: Final = 256
 #: The capability of the batched `revs` profile (§8.4): a peer that offers it answers `revs`,
 #: and a source sends `revs` only to a peer whose hello offers it (else one `rev` per message).
 REVS: Final = "revs"
+#: The capability of a wider BLIP flow-control window (§15): a peer that offers it takes up to
+#: 1,000,000 unacknowledged bytes of one message (blip/wire.py ``WIDE_UNACKED_BYTES``), and
+#: sends that many only to a peer whose hello offers it too (else BLIP's 128,000).
+WIDE_WINDOW: Final = "wideWindow"
 #: What p2psync offers by default.
-OFFERED_CAPABILITIES: Final = (REVS,)
+OFFERED_CAPABILITIES: Final = (REVS, WIDE_WINDOW)
 #: Capabilities kept from a hello; more are ignored (ours: far above the one defined).
 MAX_CAPABILITIES: Final = 32
 _UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")

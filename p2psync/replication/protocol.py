@@ -65,7 +65,7 @@ from p2psync.replication.effects import (
     StoreRequest,
     WriteCopy,
 )
-from p2psync.replication.hello import REVS, Hello, HelloProofInvalid, make_proof, verify_proof
+from p2psync.replication.hello import REVS, WIDE_WINDOW, Hello, HelloProofInvalid, make_proof, verify_proof
 from p2psync.replication.observer import NO_OBSERVER, SyncObserver
 from p2psync.replication.recon import (
     MAX_RECONCILE_BODY,
@@ -463,6 +463,13 @@ class ReplicationProtocol:
     def batch_revs(self) -> bool:
         """Whether both hellos offer `revs` (§8.4): a source then sends several messages a request."""
         return self.theirs is not None and REVS in self.theirs.capabilities and REVS in self.mine.capabilities
+
+    @property
+    def wide_window(self) -> bool:
+        """Whether both hellos offer `wideWindow` (§15): the driver may then let its transport
+        send 1,000,000 unacknowledged bytes of a message, not 128,000."""
+        return self.theirs is not None and WIDE_WINDOW in self.theirs.capabilities \
+            and WIDE_WINDOW in self.mine.capabilities
 
     def store_later(self, request: StoreRequest) -> None:
         """A store request whose answer nobody waits for."""

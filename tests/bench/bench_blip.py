@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from p2psync import blip  # noqa: E402
+from p2psync.blip import connection as connection_module  # noqa: E402
 
 ROUND_TRIP_BODY = 500  # bytes per request (the issue's figure)
 IN_FLIGHT = 64  # concurrent requests
@@ -164,10 +165,12 @@ async def measure_same_process() -> dict[str, tuple[float, float]]:
     return figures
 
 
-def with_peer_process(run: Callable[[int], Awaitable[T]]) -> T:
-    """``run(port)`` under trio against this file's handlers served by a second process."""
+def with_peer_process(run: Callable[[int], Awaitable[T]], window: int | None = None) -> T:
+    """``run(port)`` under trio against this file's handlers served by a second process
+    (sending with a flow-control ``window`` other than BLIP's when given)."""
+    extra = [] if window is None else ["--window", str(window)]
     peer = subprocess.Popen(
-        [sys.executable, __file__, "--serve", "0"], stdout=subprocess.PIPE, text=True
+        [sys.executable, __file__, "--serve", "0", *extra], stdout=subprocess.PIPE, text=True
     )
     try:
         assert peer.stdout is not None
@@ -185,15 +188,16 @@ def measure_two_processes() -> dict[str, tuple[float, float]]:
     return with_peer_process(measure)
 
 
-def large_download_two_processes(label: str = "10 MiB") -> tuple[float, float]:
+def large_download_two_processes(label: str = "10 MiB", window: int | None = None) -> tuple[float, float]:
     """(wall MB/s, CPU-bound MB/s) of ``LARGE_SIZES[label]`` bodies, peer → client, the peer in a
-    second process: the same measurement as the ``down`` rows of the full run, alone."""
+    second process: the same measurement as the ``down`` rows of the full run, alone. The peer
+    sends with BLIP's window, or ``window`` (what two p2psync peers agree in hello)."""
 
     async def run(port: int) -> tuple[float, float]:
         async with blip.connect(f"ws://127.0.0.1:{port}/bench") as conn:
             return await download(Clocks(conn, same_process=False), LARGE_SIZES[label])
 
-    return with_peer_process(run)
+    return with_peer_process(run, window)
 
 
 def report(two: dict[str, tuple[float, float]], one: dict[str, tuple[float, float]] | None) -> str:
@@ -242,9 +246,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--two-process-only", action="store_true", help="skip the same-process run")
     parser.add_argument("--serve", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    parser.add_argument("--window", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args()
     if args.serve is not None:
+        if args.window is not None:  # every connection of this process sends with it
+            connection_module.MAX_UNACKED_BYTES = args.window
         trio.run(serve_forever, args.serve)
         return
     two = measure_two_processes()

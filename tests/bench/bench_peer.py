@@ -20,7 +20,8 @@ serving side's). Then:
 2. push: the syncing process pushes them to a serving process with an empty store;
 3. large: pull of the large records (every one by ``getAttachment``);
 4. blip: the BLIP layer alone moving ``--big-mib`` MiB bodies peer → client between two processes
-   (``bench_blip.large_download_two_processes``, the ``down 10 MiB`` row of ``bench_blip.py``);
+   (``bench_blip.large_download_two_processes``, the ``down 10 MiB`` row of ``bench_blip.py``),
+   with BLIP's window and with the wider one two p2psync peers agree in hello (the ratio's yardstick);
 5. engine: the first ``--engine-count`` messages of the small store through ``p2psync dwn pipe``
    (one process, one core, a commit per message);
 6. reference: the first ``--reference-count`` of the same messages through the reference DWN
@@ -86,6 +87,7 @@ sys.path.insert(0, str(ROOT))
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey  # noqa: E402
 
+from p2psync.blip.wire import MAX_UNACKED_BYTES, WIDE_UNACKED_BYTES  # noqa: E402
 from p2psync.dwn.encoding import b64url_decode, b64url_encode  # noqa: E402
 from p2psync.dwn.engine import Dwn  # noqa: E402
 from p2psync.dwn.records_write import RecordsWrite  # noqa: E402
@@ -643,9 +645,13 @@ def main() -> None:
         if label not in LARGE_SIZES:
             print(f"blip: bench_blip measures {', '.join(LARGE_SIZES)} bodies, not {label}; skipped")
         else:
-            blip_mbs = large_download_two_processes(label)
-            print(f"BLIP layer alone, {label} bodies peer -> client, two processes: {blip_mbs[0]:,.1f} MB/s "
-                  f"({blip_mbs[1]:,.0f} MB/s CPU-bound)")
+            narrow = large_download_two_processes(label)
+            print(f"BLIP layer alone, {label} bodies peer -> client, two processes, BLIP's window "
+                  f"({MAX_UNACKED_BYTES:,} bytes): {narrow[0]:,.1f} MB/s ({narrow[1]:,.0f} MB/s CPU-bound)")
+            # The ratio's yardstick: BLIP with the window two p2psync peers agree in hello.
+            blip_mbs = large_download_two_processes(label, WIDE_UNACKED_BYTES)
+            print(f"BLIP layer alone, the same with the peers' window ({WIDE_UNACKED_BYTES:,} bytes): "
+                  f"{blip_mbs[0]:,.1f} MB/s ({blip_mbs[1]:,.0f} MB/s CPU-bound)")
     if "large" not in args.skip:
         r = run_pair(copy_store(big, work / "src.db"), fresh(work / "dst.db"), "pull", args.tls)
         mb = r["bytes"] / 1e6

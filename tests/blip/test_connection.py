@@ -31,6 +31,7 @@ from p2psync.blip.wire import (
     RPY,
     TYPE_MASK,
     URGENT,
+    WIDE_UNACKED_BYTES,
     decode_uvarint,
     encode_message_head,
     frame_header,
@@ -197,6 +198,17 @@ def test_sender_pauses_at_the_window_and_an_ack_resumes_it() -> None:
     assert a.receive_message(ack) == []
     assert a.wants_to_send
     assert a.outgoing_progress(MSG, number) == (sent, sent - 1000, False)
+
+
+def test_a_wider_window_lets_more_go_before_the_pause() -> None:
+    a = BlipConnection()
+    a.send_window = WIDE_UNACKED_BYTES  # what a peer sets once both hellos offered it
+    number = a.send_request({}, b"q" * 3_000_000)
+    a.frames_to_send(1 << 30)
+    progress = a.outgoing_progress(MSG, number)
+    assert progress is not None
+    sent, _, paused = progress
+    assert paused and WIDE_UNACKED_BYTES < sent <= WIDE_UNACKED_BYTES + BIG_FRAME_SIZE
 
 
 def test_receiver_acks_every_50000_bytes_with_urgent_noreply_ack_frames() -> None:
