@@ -2,12 +2,13 @@
 
 A node hears of a new message from every peer it links to, often while one of those links is
 still carrying it. The sink that lists a message first *claims* it here; a sink of another
-link that lists it meanwhile declines it (`304` to a `changes`, `503` to a `proposeChanges`)
-instead of having its body sent a second time, and keeps its own token open until the claim
-ends. A claim ends when its sink's apply is durable (the message is held: the waiting sinks
-settle their tokens) or when that sink gave up on it (a failed `rev`, a lost connection: the
-waiting sinks leave their tokens unsettled, so their checkpoints never pass a message this
-store does not hold and the next round offers it again).
+link that lists it meanwhile declines it instead of having its body sent a second time: to a
+`changes` it answers `304` and keeps its own token open until the claim ends; to a
+`proposeChanges` (whose tokens the pusher keeps) it answers once the claim has ended. A claim
+ends when its sink's apply is durable (the message is held: the waiting sinks settle their
+tokens, a push is answered `304`) or when that sink gave up on it (a failed `rev`, a lost
+connection: the waiting sinks leave their tokens unsettled and a push is answered `503`, so no
+checkpoint passes a message this store does not hold and the next round offers it again).
 
 One :class:`InFlightClaims` per store, shared by every connection of a peer, owned by the
 driver (``Peer``, the simulator's peer) and reached by the protocol only through store
@@ -17,9 +18,15 @@ process that crashes loses its claims along with the transfers they described.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
+from typing import Final
 
-__all__ = ["InFlightClaims"]
+__all__ = ["RECENT_ENDS", "InFlightClaims"]
+
+#: how many ended claims' outcomes are remembered, for a sink that waits on a claim it was
+#: told of just before it ended
+RECENT_ENDS: Final = 4096
 
 
 class InFlightClaims:
@@ -28,6 +35,8 @@ class InFlightClaims:
     def __init__(self) -> None:
         self._owner: dict[tuple[str, str], object] = {}
         self._waiting: dict[tuple[str, str], list[Callable[[bool], None]]] = {}
+        #: the last :data:`RECENT_ENDS` claims that ended, and whether each left it held
+        self._ended: OrderedDict[tuple[str, str], bool] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._owner)
@@ -50,15 +59,21 @@ class InFlightClaims:
             if self._owner.get(key) is not claimant:
                 continue
             del self._owner[key]
+            self._ended[key] = held
+            self._ended.move_to_end(key)
+            if len(self._ended) > RECENT_ENDS:
+                self._ended.popitem(last=False)
             for tell in self._waiting.pop(key, ()):
                 tell(held)
 
     def wait(self, tenant: str, cid: str, tell: Callable[[bool], None]) -> None:
-        """Call ``tell(held)`` when the claim on ``cid`` ends (at once, ``False``, when there is
-        none: whoever had it is gone without saying the message is held)."""
+        """Call ``tell(held)`` when the claim on ``cid`` ends. When there is none, at once: how
+        the last claim on it ended, if it is among the :data:`RECENT_ENDS` last to end (a sink
+        told of a claim asks to wait on it one store request later, and it may have ended in
+        between), else ``False`` (whoever had it is gone without saying the message is held)."""
         key = (tenant, cid)
         if key not in self._owner:
-            tell(False)
+            tell(self._ended.get(key, False))
             return
         self._waiting.setdefault(key, []).append(tell)
 

@@ -161,6 +161,8 @@ class Sink:
         #: `rev`s this feed applied with a result that did not settle them (``Incomplete``,
         #: ``Deferred``): their tokens stay unapplied, and the link is not ``live``
         self.unsettled = 0
+        #: the message CID whose claim by another link a `proposeChanges` answer waits on
+        self.awaiting: str | None = None
         #: closures that failed for want of a hard dependency, by root CID, until their root's
         #: result is taken (:meth:`_take_result`)
         self.closure_failures: dict[str, ClosureOutcome] = {}
@@ -450,6 +452,8 @@ class Sink:
             else:
                 statuses.append(0)
         elsewhere = yield from self._claim(listed, statuses, pull=pull)
+        if elsewhere and not pull:
+            yield from self._await_pushed_elsewhere(listed, statuses, elsewhere)
         taken = yield from self._fit(listed, statuses)
         self._release(tuple(t.message_cid for t, _ in listed[taken:]), held=False)
         for (token, size), status in zip(listed[:taken], statuses[:taken], strict=True):
@@ -480,9 +484,8 @@ class Sink:
         """Claim the wanted items in the store's in-flight claims; those another link of this
         store is receiving already are declined (issue #17): ``304`` to a `changes` (this sink
         keeps the token open until that apply is durable: :meth:`_await_elsewhere`), ``503``
-        to a `proposeChanges` (the pusher keeps it unsettled and offers it again later: its
-        checkpoint never passes a message that may still fail to arrive). Returns the
-        declined CIDs."""
+        for now to a `proposeChanges` (:meth:`_await_pushed_elsewhere` settles it before the
+        answer). Returns the declined CIDs."""
         wanted = tuple(token.message_cid for (token, _), status in zip(listed, statuses, strict=True) if status == 0)
         if not wanted:
             return set()
@@ -495,6 +498,23 @@ class Sink:
                     self.claimed.add(token.message_cid)
         self.stats.items_elsewhere += len(elsewhere)
         return elsewhere
+
+    def _await_pushed_elsewhere(self, listed: list[tuple[ProgressToken, int | None]], statuses: list[int],
+                                elsewhere: set[str]) -> Effects:
+        """A `proposeChanges` answers each item another link is receiving once that apply has
+        ended: ``304`` when it is durable, ``503`` when it failed. Answered ``503`` at once, the
+        pusher would keep the token unsettled until its next round, and a continuous round never
+        ends: its link would stay short of ``live`` and its push frontier behind that message
+        for as long as the connection lasts. Waiting cannot deadlock: the claim waited on was
+        made before this listing's, and an apply only waits on items listed before it."""
+        for i, (token, _) in enumerate(listed):
+            if statuses[i] == 503 and token.message_cid in elsewhere:
+                self.awaiting = token.message_cid
+                held = yield AwaitClaim(self.tenant, token.message_cid)
+                self.awaiting = None
+                statuses[i] = 304 if held else 503
+        if self.failed is not None:  # stopped meanwhile: fail() released this listing's claims
+            raise self.failed
 
     def _release(self, cids: tuple[str, ...], *, held: bool) -> None:
         """End this sink's claims on ``cids`` (those it holds): ``held``, its apply is durable."""

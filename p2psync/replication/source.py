@@ -178,7 +178,8 @@ class Source:
         #: a failure of a `rev`'s ledger step: ends the run at its next pass
         self.failure: PeerError | None = None
         #: push only: `rev`s the sink answered with a result that did not settle them
-        #: (``Incomplete``, ``Deferred``): their tokens stay unapplied, the link is not ``live``
+        #: (``Incomplete``, ``Deferred``), and listed items it answered `503`: their tokens
+        #: stay unapplied, the link is not ``live``
         self.unsettled = 0
 
     @property
@@ -247,7 +248,14 @@ class Source:
         body = {"streamId": first.stream_id, "epoch": first.epoch, "items": items}
         reply: Response = yield Call(self._profile, self.props, encode_body(body))
         self.stats.items_offered += len(items)
-        yield from self._send_revs(self._on_listed(wanted, decode_body(reply.body)))
+        wanted_revs, declined = self._on_listed(wanted, decode_body(reply.body))
+        if declined and self.push_key is not None:
+            # Not now (`503`): offered again after a resume, so the link is not `live` till then.
+            self.unsettled += declined
+            yield unsettled_transition(self.push_key, self.direction, "Deferred")
+        self._record_push_later()
+        self._progress()
+        yield from self._send_revs(wanted_revs)
         if isinstance(self.failure, QuotaExceeded):
             # The sink took part of the listing: let the `rev`s it asked for be answered (and
             # recorded) before the direction ends with its quota's refusal.
@@ -288,10 +296,11 @@ class Source:
                 window.add(row.token, settled=True)  # the sink has it, or it is out of scope
         return wanted
 
-    def _on_listed(self, wanted: list[Any], statuses: Any) -> list[Any]:
+    def _on_listed(self, wanted: list[Any], statuses: Any) -> tuple[list[Any], int]:
+        """The items the sink asked for, and how many it declined for now (left unsettled)."""
         statuses = statuses if isinstance(statuses, list) else []
         wanted_revs: list[Any] = []
-        held_back = 0
+        held_back = declined = 0
         for i, listed in enumerate(wanted):
             token = listed[0]
             status = statuses[i] if i < len(statuses) else 0
@@ -310,14 +319,14 @@ class Source:
                 item = self.window.get(token.position, token.message_cid)
                 if item is not None:
                     # 304 and 413 settle; 503 and anything else are offered again later.
-                    ProgressWindow.finish(item, settled=status in (304, 413))
+                    settled = status in (304, 413)
+                    ProgressWindow.finish(item, settled=settled)
+                    declined += not settled
         if held_back and self.failure is None:
             code = next(status for status in statuses if status in QUOTA_STATUSES)
             self.failure = QuotaExceeded(code, QUOTA_STATUSES[code],
                                          f"the peer's quota held back {held_back} of {len(wanted)} messages listed")
-        self._record_push_later()
-        self._progress()
-        return wanted_revs
+        return wanted_revs, declined
 
     def _send_revs(self, wanted: list[Any]) -> Effects:
         """Start a `rev` per wanted item — or, when both peers offer it, a `revs` per run of

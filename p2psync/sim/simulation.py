@@ -20,7 +20,7 @@ import json
 import random
 import traceback
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -47,6 +47,7 @@ from p2psync.replication.effects import (
 from p2psync.replication.hello import REVS, Hello
 from p2psync.replication.protocol import ReplicationProtocol
 from p2psync.replication.scope import SyncScope
+from p2psync.replication.sink import Sink
 from p2psync.replication.wire import PeerError
 from p2psync.sim.check import CLASSES, Finding, canonical_state, regressed, replica_state
 from p2psync.sim.network import Connection, Endpoint, Envelope, Link
@@ -644,11 +645,12 @@ class Simulation:
             return False
         if any(p.conn is conn for end in conn.ends for p in end.peer.pending):
             return False
-        # A sink waiting for another link's apply of a message it declined (issue #17) waits
-        # on that link, which the detector judges on its own.
-        return not any(item.elsewhere and end.peer.in_flight.holder(sink.tenant, item.token.message_cid) is not None
+        # A sink waiting for another link's apply of a message it declined, or of one a
+        # `proposeChanges` listed (issue #17), waits on that link, which the detector judges on
+        # its own.
+        return not any(end.peer.in_flight.holder(sink.tenant, cid) is not None
                        for end in conn.ends if self._current(end)
-                       for sink in end.proto.sinks.values() for item in sink.window.open_items())
+                       for sink in end.proto.sinks.values() for cid in _awaited(sink))
 
     # == invariants watched while running ======================================================
 
@@ -857,6 +859,15 @@ class Simulation:
                     self.finding("stuck", "frontier", f"{link.name} {direction}: frontier {_pos(checkpoint)},"
                                  f" head of {source.name}'s log {head}"
                                  f" (unapplied {len(checkpoint.unapplied_tokens)}: {blocked})")
+
+
+def _awaited(sink: Sink) -> Iterator[str]:
+    """The CIDs ``sink`` waits on another link's claim of."""
+    if sink.awaiting is not None:
+        yield sink.awaiting
+    for item in sink.window.open_items():
+        if item.elsewhere:
+            yield item.token.message_cid
 
 
 def _pending(conn: Connection, side: int, ref: int, batch: Any, value: Any = None) -> PendingDurable:

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from p2psync.replication.inflight import InFlightClaims
+import pytest
+
+from p2psync.replication.checkpoint import Direction, LinkState
+from p2psync.replication.inflight import RECENT_ENDS, InFlightClaims
 from p2psync.sim.network import Link
+from p2psync.sim.simulation import _head
 from tests.bench.bench_mesh import CountingSimulation, _links, _simulation, _write
 
 
@@ -25,6 +29,46 @@ def test_claims_decline_others_and_tell_waiters() -> None:
     assert told == [True, False]
     claims.wait("t", "gone", told.append)  # nobody receives it: not held
     assert told == [True, False, False]
+    # Asked to wait just after a claim ended: told how it ended (a sink learns of a claim one
+    # store request before it waits on it).
+    claims.wait("t", "x", told.append)
+    claims.wait("t", "y", told.append)
+    assert told == [True, False, False, True, False]
+
+
+def test_recent_ends_are_bounded() -> None:
+    claims = InFlightClaims()
+    owner = object()
+    for i in range(RECENT_ENDS + 1):
+        claims.claim("t", [f"m{i}"], owner)
+        claims.release("t", [f"m{i}"], owner, held=True)
+    told: list[bool] = []
+    claims.wait("t", "m0", told.append)  # the oldest end is forgotten: not known to be held
+    claims.wait("t", f"m{RECENT_ENDS}", told.append)
+    assert told == [False, True]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_push_declined_for_another_links_transfer_settles_in_the_same_round(tmp_path: Path, seed: int) -> None:
+    """Two peers that each dial the other: p0's writes reach p1 on both links at once. The
+    push is answered once p1's other link has applied them, so the pusher's round ends ``live``
+    with its push frontier at its head, with no second round (the flake of
+    tests/node/test_node.py: a `503` left the link ``initial`` for the life of the connection)."""
+    sim = _simulation(2, seed, tmp_path, "pair")
+    sim.links = _links(2, [(0, 1)], True)
+    _write(sim, 20)
+    for link in sim.links:
+        sim.connect(link)
+    sim.settle()
+    assert sim._drain()
+    writer, reader = sim.peers
+    [link] = [lk for lk in writer.ledger.links(sim.tenant) if lk.key.remote.endswith(reader.store_id)]
+    push, _ = writer.ledger.get_checkpoint(link.key, Direction.PUSH)
+    assert not push.unapplied_tokens
+    frontier = push.contiguous_applied_token
+    assert frontier is not None and frontier.position == _head(writer, sim.tenant)
+    assert link.state == LinkState.LIVE
+    assert reader.held() == writer.held()
 
 
 def _mesh(tmp_path: Path, writes: int) -> CountingSimulation:
