@@ -47,9 +47,23 @@ CREATE TABLE IF NOT EXISTS peer_arrivals (
 _OLD_ORIGINS: Final = "peer_origins"
 
 
+#: An origin goes with its archive row (a message refused at its place in the log, a prune).
+_GONE_WITH_ROW: Final = """
+CREATE TRIGGER peer_arrivals_gone AFTER DELETE ON archive BEGIN
+    DELETE FROM peer_arrivals WHERE archive_row = old.id;
+END
+"""
+
+
 def _ensure(store: Store) -> None:
     conn = store.conn
     conn.execute(_SCHEMA)
+    if not conn.execute("SELECT 1 FROM sqlite_master WHERE type='trigger' AND name='peer_arrivals_gone'").fetchone():
+        with store.transaction():
+            # Origins left by rows deleted before the trigger existed go first.
+            conn.execute("DELETE FROM peer_arrivals WHERE NOT EXISTS"
+                         " (SELECT 1 FROM archive a WHERE a.id = archive_row AND a.cid = peer_arrivals.cid)")
+            conn.execute(_GONE_WITH_ROW)
     if conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (_OLD_ORIGINS,)).fetchone():
         with store.transaction():
             conn.execute(

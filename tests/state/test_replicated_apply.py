@@ -73,6 +73,28 @@ def test_an_origin_follows_its_archive_row_and_its_cid(tmp_path: Path) -> None:
     store.close()
 
 
+def test_an_origin_goes_with_its_archive_row(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    store = Store(path)
+    service = _service(store)
+    kept, gone, orphaned = _writes(3)
+    service.run(ApplyBatch(ALICE.did, (kept, gone, orphaned), PHONE))
+    service.committer.flush()
+    store.conn.execute("DELETE FROM archive WHERE cid=?", (gone.cid,))
+    assert [r[0] for r in store.conn.execute("SELECT cid FROM peer_arrivals ORDER BY archive_row")] == \
+        [kept.cid, orphaned.cid]
+    # A store whose rows went before the trigger existed loses those origins on its next open.
+    store.conn.execute("DROP TRIGGER peer_arrivals_gone")
+    store.conn.execute("DELETE FROM archive WHERE cid=?", (orphaned.cid,))
+    store.close()
+    store = Store(path)
+    Origins(store)
+    assert [r[0] for r in store.conn.execute("SELECT cid FROM peer_arrivals")] == [kept.cid]
+    store.conn.execute("DELETE FROM archive WHERE cid=?", (kept.cid,))  # the trigger is back
+    assert store.conn.execute("SELECT count(*) FROM peer_arrivals").fetchone() == (0,)
+    store.close()
+
+
 def test_a_store_with_the_old_origins_table_is_moved_over_on_open(tmp_path: Path) -> None:
     path = tmp_path / "s.db"
     store = Store(path)
