@@ -14,6 +14,7 @@ Real stores, two protocol objects pumped against each other (test_subset_sync.py
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +29,13 @@ from p2psync.dwn.store import Store
 from p2psync.replication import protocol
 from p2psync.replication.checkpoint import Direction, LinkState
 from p2psync.replication.effects import AnswerRefs
-from p2psync.replication.hello import REVS
+from p2psync.replication.hello import REVS, ROLE_RECORDS
 from p2psync.replication.scope import RoleRecordsRef, SyncScope
 from p2psync.replication.wire import PeerError
 from p2psync.state.copies import store_id
 from tests.replication.support import Clock, seeded
-from tests.replication.test_protocol_pump import Side, run
+from tests.replication.test_protocol_pump import Side, Wire, run
+from tests.replication.test_scenarios_over_the_wire import _side
 from tests.replication.test_shuffle import _query_answers
 from tests.replication.test_subset_sync import (
     Author,
@@ -265,4 +267,29 @@ def test_a_round_cut_between_the_configure_and_its_role_records_loses_nothing(tm
     pull(replica, wire, tenant, SCOPE)
     _same_answers(club_, source.store, replica.store)
     assert replica.service.ledger.link(key).state is LinkState.LIVE
+    _close(source, replica)
+
+
+def test_a_subset_push_brings_the_role_records_too(tmp_path: Path) -> None:
+    """Pushed, the configure is answered by the passive sink, which asks the pusher for the
+    role records on the same connection (either role answers `getDependencies`)."""
+    club_ = Club(tmp_path / "source.db")
+    tenant = club_.alice.did
+
+    def push() -> tuple[Side, Side]:
+        source = _side(club_.path, "source", active=True, capabilities=(REVS, ROLE_RECORDS))
+        replica = _side(tmp_path / "replica.db", "replica", active=False, capabilities=(REVS, ROLE_RECORDS))
+        wire = Wire(source, replica, random.Random(12))
+        replica.proto.start_hello()
+        run(wire, source.proto.start_hello())
+        operation, _ = source.proto.sync(tenant=tenant, scope=SCOPE, local_store_id=store_id(source.store),
+                                         pull=False, push=True, batch=3, totals={})
+        run(wire, operation)
+        assert wire.closed == []
+        return source, replica
+
+    _close(*push())
+    club_.become_roles()
+    source, replica = push()
+    _same_answers(club_, source.store, replica.store)
     _close(source, replica)
