@@ -465,7 +465,8 @@ class Sink:
             for role in (e for e in entries if _answers_role_records(ref, e, entries)):
                 got, outcome, role_ticket = yield from self.admit(role)
                 self.closure_failures.pop(role.cid, None)  # named by the configure, below
-                ticket = role_ticket or ticket
+                if role_ticket is not None:
+                    ticket = role_ticket  # the configure's reply waits for the last of their commits
                 if got.kind not in SETTLING_KINDS and failure is None:
                     failure = self._role_failure(configure, f"role record {role.cid}: {outcome.detail or got.kind}")
             if after is None:
