@@ -293,3 +293,37 @@ def test_a_subset_push_brings_the_role_records_too(tmp_path: Path) -> None:
     source, replica = push()
     _same_answers(club_, source.store, replica.store)
     _close(source, replica)
+
+
+def test_a_source_that_pages_backwards_leaves_the_configure_unsettled(tmp_path: Path) -> None:
+    """A `next` that does not pass `after` could page forever: the sink refuses it, and the
+    configure waits for a round with a sane source."""
+    club_ = Club(tmp_path / "source.db")
+    tenant = club_.alice.did
+    source, replica, wire, _ = connect(club_.path, tmp_path / "replica.db", 13)
+    pull(replica, wire, tenant, SCOPE)
+    _close(source, replica)
+    club_.become_roles()
+
+    source, replica, wire, _ = connect(club_.path, tmp_path / "replica.db", 14)
+    answer_refs = source.service._sync[AnswerRefs]
+    asked: list[str | None] = []
+
+    def looping(request: AnswerRefs) -> Any:
+        out = answer_refs(request)
+        for i, ref in enumerate(request.refs):
+            if isinstance(ref, RoleRecordsRef):
+                asked.append(ref.after)
+                entries, withheld, _ = out[i]
+                out[i] = (entries[:1], withheld, ref.after or entries[0].record_id)  # never past the first
+        return out
+
+    source.service._sync[AnswerRefs] = looping
+    operation, _ = replica.proto.sync(tenant=tenant, scope=SCOPE, local_store_id=store_id(replica.store),
+                                      pull=True, push=False, batch=3, totals={})
+    run(wire, operation)
+    assert len(asked) == 2 and asked[1] is not None
+    (link,) = replica.service.ledger.links(tenant)
+    assert link.state is LinkState.REPAIRING
+    assert replica.service.ledger.transitions(link.key)[-1].error_code == "ClosureRoleRecordMissing"
+    _close(source, replica)
