@@ -28,7 +28,7 @@ from typing import Any, Final, TypeAlias
 
 from p2psync.dwn.progress import ProgressToken
 from p2psync.dwn.replication_types import DependencyRef
-from p2psync.replication.scope import SyncScope
+from p2psync.replication.scope import RoleRecordsRef, SyncScope
 from p2psync.replication.wire import PeerError
 
 __all__ = [
@@ -251,10 +251,11 @@ class ReadPage(StoreRequest):
 @dataclass(frozen=True, slots=True)
 class AnswerRefs(StoreRequest):
     """Answer dependency refs from the local store for ``decision``'s reader: one
-    ``(entries, withheld)`` per ref, at most ``limit`` entries each (§10)."""
+    ``(entries, withheld, next)`` per ref, at most ``limit`` entries each (§10); ``next`` is the
+    continuation of a ``RoleRecords`` ref's page (§10.2), None for any other ref."""
 
     tenant: str
-    refs: tuple[DependencyRef, ...]
+    refs: tuple[DependencyRef | RoleRecordsRef, ...]
     decision: ReadDecision
     limit: int
 

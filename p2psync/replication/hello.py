@@ -22,7 +22,7 @@ from p2psync.dwn.jws import sign_payload, verify
 from p2psync.replication.wire import HELLO_NONCE_BYTES, PROFILE_VERSION, SUBPROTOCOL, refuse
 
 __all__ = [
-    "HELLO_PURPOSE", "OFFERED_CAPABILITIES", "REVS", "WIDE_WINDOW", "Hello", "HelloChannelMismatch",
+    "HELLO_PURPOSE", "OFFERED_CAPABILITIES", "REVS", "ROLE_RECORDS", "WIDE_WINDOW", "Hello", "HelloChannelMismatch",
     "HelloProofInvalid",
     "make_proof", "new_hello", "verify_proof",
 ]
@@ -38,8 +38,12 @@ REVS: Final = "revs"
 #: 1,000,000 unacknowledged bytes of one message (blip/wire.py ``WIDE_UNACKED_BYTES``), and
 #: sends that many only to a peer whose hello offers it too (else BLIP's 128,000).
 WIDE_WINDOW: Final = "wideWindow"
+#: The capability of the ``RoleRecords`` ref of `getDependencies` (§10.2): a peer that offers it
+#: answers the ref, and a subset sink asks it only of a source whose hello offers it (an older
+#: source refuses the whole request, ``400 DependencyRefInvalid``).
+ROLE_RECORDS: Final = "roleRecords"
 #: What p2psync offers by default.
-OFFERED_CAPABILITIES: Final = (REVS, WIDE_WINDOW)
+OFFERED_CAPABILITIES: Final = (REVS, WIDE_WINDOW, ROLE_RECORDS)
 #: Capabilities kept from a hello; more are ignored (ours: far above the one defined).
 MAX_CAPABILITIES: Final = 32
 _UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")

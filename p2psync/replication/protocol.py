@@ -65,7 +65,15 @@ from p2psync.replication.effects import (
     StoreRequest,
     WriteCopy,
 )
-from p2psync.replication.hello import REVS, WIDE_WINDOW, Hello, HelloProofInvalid, make_proof, verify_proof
+from p2psync.replication.hello import (
+    REVS,
+    ROLE_RECORDS,
+    WIDE_WINDOW,
+    Hello,
+    HelloProofInvalid,
+    make_proof,
+    verify_proof,
+)
 from p2psync.replication.observer import NO_OBSERVER, SyncObserver
 from p2psync.replication.recon import (
     MAX_RECONCILE_BODY,
@@ -77,7 +85,7 @@ from p2psync.replication.recon import (
     resolved_of,
 )
 from p2psync.replication.round import SyncRound
-from p2psync.replication.scope import SyncScope
+from p2psync.replication.scope import RoleRecordsRef, SyncScope
 from p2psync.replication.sink import HELD_KINDS, Sink, durable
 from p2psync.replication.source import Source, message_entry
 from p2psync.replication.stats import NotAppliedLog, SyncStats
@@ -463,6 +471,13 @@ class ReplicationProtocol:
     def batch_revs(self) -> bool:
         """Whether both hellos offer `revs` (§8.4): a source then sends several messages a request."""
         return self.theirs is not None and REVS in self.theirs.capabilities and REVS in self.mine.capabilities
+
+    @property
+    def role_records(self) -> bool:
+        """Whether both hellos offer `roleRecords` (§10.2): a subset sink then asks the source for
+        the role records of each configure listed to it, and a source answers the ref."""
+        return self.theirs is not None and ROLE_RECORDS in self.theirs.capabilities \
+            and ROLE_RECORDS in self.mine.capabilities
 
     @property
     def wide_window(self) -> bool:
@@ -855,16 +870,17 @@ class ReplicationProtocol:
             refuse(400, "DependencyRefInvalid", "refs must be a non-empty array")
         if len(raw) > MAX_REFS:
             refuse(413, "TooManyRefs", "at most 128 refs")
-        refs: list[DependencyRef] = []
+        refs: list[DependencyRef | RoleRecordsRef] = []
         for r in raw:
             try:
-                refs.append(ref_from_json(r))
+                roles = isinstance(r, dict) and r.get("type") == RoleRecordsRef.TYPE and self.role_records
+                refs.append(RoleRecordsRef.from_json(r) if roles else ref_from_json(r))
             except (ReplicationWireError, DwnError, ValueError) as exc:
                 refuse(400, "DependencyRefInvalid", str(exc))
         found = yield AnswerRefs(coll.tenant, tuple(refs), decision, MAX_ENTRIES_PER_REF)
         budget = MAX_INLINE_PER_DEPENDENCIES
         answers: list[dict[str, Any]] = []
-        for entries, withheld in found:
+        for entries, withheld, after in found:
             out: list[dict[str, Any]] = []
             for entry in entries:
                 size = len(entry.data) if entry.data is not None else 0
@@ -878,6 +894,8 @@ class ReplicationProtocol:
             answer: dict[str, Any] = {"entries": out}
             if withheld:
                 answer["withheld"] = True
+            if after is not None:
+                answer["next"] = after
             answers.append(answer)
         return SendReply(0, {}, encode_body({"answers": answers}), urgent=True, compress=True)
 

@@ -47,17 +47,23 @@ replica does, and to stay correct as the source changes):
 The rule reads :class:`ListingFacts`, all of which a store keeps for the message, and the
 role paths; the rest of the closure (ancestors, the roles and grants a writer used) the sink
 asks for by reference when the engine refuses for want of them.
+
+Rule 3 reads the role paths when it lists, so a re-configure that makes an existing path a
+role relists nothing written there before. A subset sink closes that gap itself: for each
+configure of its protocol that is listed to it, it asks the source for every record at the
+role paths (:class:`RoleRecordsRef`, a `getDependencies` ref, paged by recordId).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, TypeAlias, cast
+from typing import Any, ClassVar, Final, Literal, TypeAlias, cast
 
 from p2psync.dwn.encoding import compute_cid
 from p2psync.dwn.errors import DwnError
 from p2psync.dwn.permissions import PERMISSIONS_PROTOCOL_URI
+from p2psync.dwn.replication_types import ReplicationWireError
 from p2psync.dwn.urls import normalize_protocol_url
 from p2psync.replication.tokens import is_message_cid
 
@@ -66,6 +72,7 @@ __all__ = [
     "MAX_PREFIX_CHARS",
     "SCOPE_KINDS",
     "ListingFacts",
+    "RoleRecordsRef",
     "ScopeKind",
     "SyncScope",
     "SyncScopeInvalid",
@@ -355,3 +362,33 @@ def _facts(obj: Mapping[str, Any]) -> tuple[Any, Any, Any]:
     if interface == _RECORDS and method == "Delete":
         raise SyncScopeUndecidable("a RecordsDelete message names no protocol; match its indexes")
     return descriptor.get("protocol"), descriptor.get("protocolPath"), obj.get("contextId")
+
+
+@dataclass(frozen=True, slots=True)
+class RoleRecordsRef:
+    """A `getDependencies` ref (replication-profiles.md §10.2): the records of ``protocol`` at
+    the ``$role`` paths of the source's newest definition of it, whose recordId sorts after
+    ``after`` (a page's continuation). Not a dependency an engine names: a subset sink asks it
+    when a configure of its protocol is listed, since rule 3 of :meth:`SyncScope.lists` never
+    relists what was written at a path before a re-configure made it a role."""
+
+    protocol: str
+    after: str | None = None
+
+    TYPE: ClassVar[str] = "RoleRecords"
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": self.TYPE, "protocol": self.protocol}
+        if self.after is not None:
+            out["after"] = self.after
+        return out
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> RoleRecordsRef:
+        """Parse one (``type`` already read); :class:`ReplicationWireError` when malformed."""
+        protocol, after = obj.get("protocol"), obj.get("after")
+        if not isinstance(protocol, str) or not 0 < len(protocol) <= MAX_PREFIX_CHARS:
+            raise ReplicationWireError("RoleRecords ref: protocol must be a protocol URL")
+        if after is not None and not (isinstance(after, str) and is_message_cid(after)):
+            raise ReplicationWireError("RoleRecords ref: after must be a recordId")
+        return cls(protocol, after)

@@ -34,6 +34,8 @@ from p2psync.dwn.replication_types import Deferred, DependencyRef, ReplicationAp
 from p2psync.errors import QuotaExceeded
 from p2psync.replication.checkpoint import LinkState
 from p2psync.replication.closure import (
+    CLOSURE_FAILURE_CODES,
+    CLOSURE_FORBIDDEN,
     ApplyRequest,
     ClosureAdmitter,
     ClosureOutcome,
@@ -61,7 +63,7 @@ from p2psync.replication.effects import (
     Transition,
 )
 from p2psync.replication.observer import SyncObserver
-from p2psync.replication.scope import SyncScope, SyncScopeUndecidable
+from p2psync.replication.scope import RoleRecordsRef, SyncScope, SyncScopeUndecidable
 from p2psync.replication.stats import MAX_REASON, NOT_APPLIED_KINDS, NotApplied, NotAppliedLog, SyncStats
 from p2psync.replication.window import ProgressWindow, WindowItem
 from p2psync.replication.wire import (
@@ -94,6 +96,10 @@ SETTLING_KINDS: Final = HELD_KINDS | {"Invalid"}
 #: offered did not apply (§11; a paused link stays paused).
 UNSETTLED_FROM: Final = (LinkState.INITIAL, LinkState.LIVE, LinkState.DEGRADED_POLL)
 
+#: What a configure whose role records did not all settle is named by (§10.2): the replica
+#: then lacks a role record a reader may cite.
+ROLE_RECORD_MISSING: Final = CLOSURE_FAILURE_CODES["Role"]
+
 #: Out-of-line data a sink fetches ahead of its turn, while earlier `rev`s apply. Without it,
 #: each large record's transfer waited for the previous one's apply (one 128 KB BLIP window
 #: at a time); with it, transfers overlap applies. Bounded so memory stays well under the
@@ -117,6 +123,11 @@ class SinkHost(Protocol):
 
     @property
     def remote_store_id(self) -> str | None: ...
+
+    @property
+    def role_records(self) -> bool:
+        """Whether the source answers ``RoleRecords`` refs (both hellos offer `roleRecords`)."""
+        ...
 
     def signal(self) -> Signal: ...
 
@@ -339,26 +350,35 @@ class Sink:
         for start in range(0, len(refs), MAX_REFS):
             chunk = refs[start : start + MAX_REFS]
             self.host.observer.dependencies_missing(chunk)
-            body = encode_body({"refs": [r.to_json() for r in chunk]})
-            slots = self.host.dependency_slots
-            yield from slots.acquire()
-            try:
-                reply: Response = yield Call("getDependencies", {"collection": str(self.index)}, body, urgent=True)
-            finally:
-                slots.release()
-            self.stats.bytes_received += len(reply.body)
-            answers = decode_map(reply.body).get("answers")
-            if not isinstance(answers, list) or len(answers) != len(chunk):
-                raise PeerError(400, "BodyInvalid", "getDependencies answers do not match the refs")
-            for answer in answers:
-                entries: list[ReplicationEntry] = []
-                raw = answer.get("entries", []) if isinstance(answer, dict) else []
-                for item in raw[:MAX_ENTRIES_PER_REF] if isinstance(raw, list) else []:
-                    entries.append((yield from self.entry_of(item)))
+            for answer in (yield from self._get_dependencies([r.to_json() for r in chunk])):
+                entries = yield from self._answer_entries(answer)
                 withheld = isinstance(answer, dict) and answer.get("withheld") is True
                 out.append(Withheld(entries) if withheld else entries)
-                self.stats.dependencies_fetched += len(entries)
         return out
+
+    def _get_dependencies(self, refs: list[dict[str, Any]]) -> Effects:
+        """One `getDependencies` (§10): the raw answers, one per ref."""
+        body = encode_body({"refs": refs})
+        slots = self.host.dependency_slots
+        yield from slots.acquire()
+        try:
+            reply: Response = yield Call("getDependencies", {"collection": str(self.index)}, body, urgent=True)
+        finally:
+            slots.release()
+        self.stats.bytes_received += len(reply.body)
+        answers = decode_map(reply.body).get("answers")
+        if not isinstance(answers, list) or len(answers) != len(refs):
+            raise PeerError(400, "BodyInvalid", "getDependencies answers do not match the refs")
+        return answers
+
+    def _answer_entries(self, answer: Any) -> Effects:
+        """The entries of one answer, their out-of-line data fetched (§9.1)."""
+        entries: list[ReplicationEntry] = []
+        raw = answer.get("entries", []) if isinstance(answer, dict) else []
+        for item in raw[:MAX_ENTRIES_PER_REF] if isinstance(raw, list) else []:
+            entries.append((yield from self.entry_of(item)))
+        self.stats.dependencies_fetched += len(entries)
+        return entries
 
     def admit(self, entry: ReplicationEntry, first: Any = None) -> Effects:
         """Run ``entry``'s closure: apply it and what it needs, fetching from the source.
@@ -405,7 +425,63 @@ class Sink:
             final = Deferred("storage")  # the root settled but the closure did not: retry later
         if outcome.code is not None and final.kind not in SETTLING_KINDS:
             self._closure_failed(entry, outcome)
+        if final.kind in HELD_KINDS and self._brings_roles(entry.message):
+            final, ticket = yield from self._admit_role_records(entry, final, ticket)
         return final, outcome, ticket
+
+    def _brings_roles(self, message: Any) -> bool:
+        """Whether admitting ``message`` takes the role records with it: a configure of this
+        subset's protocol, from a source that answers ``RoleRecords`` refs (§10.2)."""
+        if self.scope is None or self.scope.kind != "subset" or not self.host.role_records:
+            return False
+        descriptor = message.get("descriptor") if isinstance(message, dict) else None
+        definition = descriptor.get("definition") if isinstance(descriptor, dict) else None
+        return (descriptor is not None and descriptor.get("interface") == "Protocols"
+                and descriptor.get("method") == "Configure" and isinstance(definition, dict)
+                and definition.get("protocol") == self.scope.protocol)
+
+    def _admit_role_records(self, configure: ReplicationEntry, result: ReplicationApplyResult,
+                            ticket: Any) -> Effects:
+        """Admit every record at the role paths of the source's newest definition (§10.2), page
+        by page, each through its own closure. The effective listing lists a role record only if
+        its path was a role when it was listed, so a re-configure that made a path a role would
+        leave the records already there unlisted, and a reader citing one would be refused here
+        and let in at the source. Returns the configure's ``(result, ticket)``: ``Deferred``,
+        its token unsettled and the link ``repairing``, unless every role record settled."""
+        assert self.scope is not None and self.scope.protocol is not None
+        failure: ClosureOutcome | None = None
+        after: str | None = None
+        while True:
+            ref = RoleRecordsRef(self.scope.protocol, after)
+            try:
+                (answer,) = yield from self._get_dependencies([ref.to_json()])
+                entries = yield from self._answer_entries(answer)
+                after = _continuation(answer, after)
+            except Exception as exc:  # the source or the connection failed: ask again next round
+                failure = failure or self._role_failure(configure, f"role records not fetched: {exc}")
+                break
+            if isinstance(answer, dict) and answer.get("withheld") is True and failure is None:
+                failure = self._role_failure(configure, "the source withheld role records", CLOSURE_FORBIDDEN)
+            for role in (e for e in entries if _answers_role_records(ref, e, entries)):
+                got, outcome, role_ticket = yield from self.admit(role)
+                self.closure_failures.pop(role.cid, None)  # named by the configure, below
+                if role_ticket is not None:
+                    ticket = role_ticket  # the configure's reply waits for the last of their commits
+                if got.kind not in SETTLING_KINDS and failure is None:
+                    failure = self._role_failure(configure, f"role record {role.cid}: {outcome.detail or got.kind}")
+            if after is None:
+                break
+        if failure is None:
+            return result, ticket
+        self.closure_failures[configure.cid] = failure
+        self.host.observer.closure_failed(failure.code or "")
+        log.warning("collection %d: %s stays unsettled: %s", self.index, configure.cid, failure.detail)
+        return Deferred("storage"), ticket
+
+    @staticmethod
+    def _role_failure(configure: ReplicationEntry, why: str, code: str = ROLE_RECORD_MISSING) -> ClosureOutcome:
+        return ClosureOutcome("deferred", configure.cid, 0, detail=f"{code}: {configure.cid}: {why}", code=code,
+                              needed_by=configure.cid)
 
     def _closure_failed(self, entry: ReplicationEntry, outcome: ClosureOutcome) -> None:
         """A hard dependency of ``cid`` could not be had: say which (the RFC's diagnostics:
@@ -434,7 +510,7 @@ class Sink:
         status and left out of the window (a listing of which no new item fits is refused)."""
         if self.failed is not None:
             raise self.failed
-        listed, through = self._parse_listing(body, pull=pull)
+        listed, through, unnamed = self._parse_listing(body, pull=pull)
         self.unanswered.clear()  # a new batch: the source may hold what it lacked before
         if self.full is not None:
             self.quota_refused(self.full, len(listed))
@@ -443,6 +519,10 @@ class Sink:
         if listed:
             held = yield HeldMessages(self.tenant, tuple(t.message_cid for t, _ in listed),
                                       tuple(t.message_cid for t, size in listed if size))
+        if unnamed and self.scope is not None and self.scope.kind == "subset" and self.host.role_records:
+            # A subset's configure travels even when held here (got from another peer, or
+            # applied in a round cut before its role records came): its apply asks for them.
+            held = held - unnamed
         statuses: list[int] = []
         for token, size in listed:
             if token.message_cid in held:
@@ -561,7 +641,9 @@ class Sink:
 
     def _parse_listing(
         self, body: Any, *, pull: bool
-    ) -> tuple[list[tuple[ProgressToken, int | None]], ProgressToken | None]:
+    ) -> tuple[list[tuple[ProgressToken, int | None]], ProgressToken | None, set[str]]:
+        """The items (token, dataSize), ``through``, and the CIDs listed without a recordId: the
+        messages that are no Records message (in a subset's listing, its protocol's configures)."""
         if not isinstance(body, dict):
             refuse(400, "ChangesInvalid", "Changes must be a map")
         items = body.get("items", [])
@@ -569,6 +651,7 @@ class Sink:
             refuse(400, "ChangesInvalid", "items must be an array")
         stream_id, epoch = body.get("streamId"), body.get("epoch")
         listed: list[tuple[ProgressToken, int | None]] = []
+        unnamed: set[str] = set()
         first: ProgressToken | None = None
         for raw in items:
             if not isinstance(raw, list) or len(raw) < 2 or not isinstance(raw[0], str):
@@ -588,6 +671,8 @@ class Sink:
                 first = first or token
             size = raw[3] if len(raw) > 3 else None
             listed.append((token, size if type(size) is int else None))
+            if len(raw) < 3 or raw[2] is None:
+                unnamed.add(token.message_cid)
         through = None
         if pull and "through" in body:
             try:
@@ -610,7 +695,7 @@ class Sink:
             last = listed[-1][0]
         if through is not None and last is not None and through.position < last.position:
             refuse(400, "ChangesInvalid", "through is below the last item")
-        return listed, through
+        return listed, through, unnamed
 
     # -- `rev` and `norev` --------------------------------------------------------------------
 
@@ -861,7 +946,8 @@ class Sink:
                 answer = answers[k]
                 k += 1
                 try:
-                    if isinstance(answer, Exception) or answer[0].kind == "Incomplete":
+                    if isinstance(answer, Exception) or answer[0].kind == "Incomplete" \
+                            or self._brings_roles(member.entry.message):
                         result, _, ticket = yield from self.admit(member.entry, first=answer)
                     else:
                         result, ticket = answer
@@ -935,6 +1021,28 @@ class _RevsMember:
         #: the refusal is counted under its name in the stats (an entry that did not read)
         self.counted = False
         self.fetch: Any = None
+
+
+def _continuation(answer: Any, after: str | None) -> str | None:
+    """A ``RoleRecords`` answer's ``next`` (§10.2): None on the last page; a recordId past
+    ``after`` otherwise (anything else could page forever)."""
+    following = answer.get("next") if isinstance(answer, dict) else None
+    if following is None:
+        return None
+    if not (isinstance(following, str) and is_message_cid(following) and (after is None or following > after)):
+        raise PeerError(400, "BodyInvalid", "a RoleRecords answer's next must be a recordId past after")
+    return following
+
+
+def _answers_role_records(ref: RoleRecordsRef, entry: ReplicationEntry, page: list[ReplicationEntry]) -> bool:
+    """Whether ``entry`` belongs in an answer to ``ref``: a write of its protocol, or the delete
+    of a record the page writes (a delete names only its record). Anything else is dropped."""
+    descriptor = entry.message.get("descriptor") if isinstance(entry.message, dict) else None
+    if not isinstance(descriptor, dict) or descriptor.get("interface") != "Records":
+        return False
+    if descriptor.get("method") == "Write":
+        return descriptor.get("protocol") == ref.protocol
+    return descriptor.get("method") == "Delete" and descriptor.get("recordId") in {e.record_id for e in page}
 
 
 def _in_intent(scope: SyncScope, message: Any) -> bool:

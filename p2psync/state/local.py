@@ -263,6 +263,34 @@ class LocalStoreFetcher:
             out.extend(self.record_entries(tenant, record_id))
         return out
 
+    def role_records(
+        self, tenant: str, protocol: str, role_paths: Iterable[str], after: str | None, limit: int
+    ) -> tuple[list[ReplicationEntry], str | None]:
+        """A page of the answer to a ``RoleRecords`` ref (replication-profiles.md §10.2): the
+        records of ``protocol`` at ``role_paths`` by ascending recordId after ``after``, each
+        whole (its initial and newest write, then its delete when it was deleted: a role that
+        was taken back must be gone on the replica too), at most ``limit`` entries; and the
+        recordId to continue after, None when this page holds the last of them."""
+        paths = sorted(role_paths)
+        if not paths:
+            return [], None
+        flt: dict[str, Any] = {"protocol": protocol, "protocolPath": paths}
+        if after is not None:
+            flt["recordId"] = {"gt": after}
+        found, _ = self.store.messages.query(tenant, [{**flt, "interface": "Records"}])
+        deletes = {m["descriptor"]["recordId"]: m for m in found if m["descriptor"].get("method") == "Delete"}
+        out: list[ReplicationEntry] = []
+        record_ids = sorted({m["recordId"] for m in found if m["descriptor"].get("method") == "Write"})
+        for i, record_id in enumerate(record_ids):
+            entries = self.record_entries(tenant, record_id)
+            delete = deletes.get(record_id)
+            if delete is not None:
+                entries.append(self._entry(tenant, delete, latest=True))
+            if out and len(out) + len(entries) > limit:
+                return out, record_ids[i - 1]
+            out.extend(entries)
+        return out, None
+
     def _record_data(self, tenant: str, ref: RecordData) -> list[ReplicationEntry]:
         # A RecordsRead: the newest write with its data, kept only when it is the data asked for.
         entries = self.record_entries(tenant, ref.record_id)

@@ -36,7 +36,7 @@ from p2psync.dwn.store import Store
 from p2psync.errors import CheckpointRevConflict, LocalMisuse, QuotaExceeded
 from p2psync.replication import effects as fx
 from p2psync.replication.checkpoint import CheckpointPendingOverflow
-from p2psync.replication.scope import ListingFacts, SyncScope
+from p2psync.replication.scope import ListingFacts, RoleRecordsRef, SyncScope
 from p2psync.replication.wire import PeerError
 from p2psync.state.authz import ReadAuthorizer
 from p2psync.state.committer import GroupCommitter, StoreUnavailable
@@ -308,13 +308,19 @@ class StoreService:
         self._roles[key] = (stamp, paths)
         return paths
 
-    def _answer_refs(self, request: fx.AnswerRefs) -> list[tuple[list[Any], bool]]:
+    def _answer_refs(self, request: fx.AnswerRefs) -> list[tuple[list[Any], bool, str | None]]:
         may_read = self._may_read(request.tenant, request.decision)
-        out: list[tuple[list[Any], bool]] = []
+        out: list[tuple[list[Any], bool, str | None]] = []
         for ref in request.refs:
-            entries = [] if ref.terminal else self.fetcher.answer(request.tenant, ref)[: request.limit]
+            after: str | None = None
+            if isinstance(ref, RoleRecordsRef):
+                paths = self._role_paths(request.tenant, ref.protocol)
+                entries, after = self.fetcher.role_records(request.tenant, ref.protocol, paths, ref.after,
+                                                           request.limit)
+            else:
+                entries = [] if ref.terminal else self.fetcher.answer(request.tenant, ref)[: request.limit]
             readable = [e for e in entries if may_read is None or may_read(e.message)]
-            out.append((readable, len(readable) != len(entries)))
+            out.append((readable, len(readable) != len(entries), after))
         return out
 
     def _log_head(self, tenant: str) -> dict[str, Any] | None:

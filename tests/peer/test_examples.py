@@ -122,3 +122,17 @@ def test_the_source_encodes_every_rev_and_revs_example_byte_for_byte() -> None:
             assert hashlib.sha256(encoded).hexdigest() == message["bodySha256"], (path.name, message["number"])
             checked += 1
     assert checked >= 5
+
+
+def test_the_role_records_example_is_what_the_source_answers() -> None:
+    """§10.2: the pages of a RoleRecords ref, as p2psync's source answers them on a store
+    built the same way (deterministic keys and clock: every body is the same, byte for byte)."""
+    from tests.peer.make_role_records_example import example
+
+    recorded = load(EXAMPLES / "15-roleRecords.json")
+    again = example()["messages"]
+    assert [(m["number"], m["bodySha256"]) for m in again] == [(m["number"], m["bodySha256"]) for m in recorded]
+    bodies = [from_dag_json(m["body"]) for m in recorded]
+    answers = [b["answers"][0] for b in bodies if "answers" in b]
+    assert [a.get("next") for a in answers[:-1]] == [b["refs"][0]["after"] for b in bodies[2::2]]
+    assert "next" not in answers[-1] and len(answers) >= 2

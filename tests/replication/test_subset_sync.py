@@ -44,6 +44,7 @@ from p2psync.dwn.records_write import RecordsWrite
 from p2psync.dwn.store import Store
 from p2psync.dwn.urls import normalize_protocol_url
 from p2psync.replication.effects import AnswerRefs
+from p2psync.replication.hello import REVS, ROLE_RECORDS
 from p2psync.replication.scope import SyncScope
 from p2psync.replication.wire import decode_body
 from p2psync.state.authz import ReadAuthorizer
@@ -302,10 +303,11 @@ class Sent:
     dependencies: list[str]
 
 
-def connect(source_path: Path, replica_path: Path, seed: int) -> tuple[Side, Side, Wire, Sent]:
+def connect(source_path: Path, replica_path: Path, seed: int, *,
+            source_offers: tuple[str, ...] = (REVS, ROLE_RECORDS)) -> tuple[Side, Side, Wire, Sent]:
     """A source and a replica pumped against each other, the bodies the replica is sent noted."""
-    source = _side(source_path, "source", active=False, capabilities=("revs",))
-    replica = _side(replica_path, "replica", active=True, capabilities=("revs",))
+    source = _side(source_path, "source", active=False, capabilities=source_offers)
+    replica = _side(replica_path, "replica", active=True, capabilities=(REVS, ROLE_RECORDS))
     wire = Wire(source, replica, random.Random(seed))
     sent = Sent([], [])
     receive = replica.proto.receive_request
@@ -313,7 +315,7 @@ def connect(source_path: Path, replica_path: Path, seed: int) -> tuple[Side, Sid
 
     def answered(request: AnswerRefs) -> Any:
         out = answer_refs(request)
-        sent.dependencies.extend(e.cid for entries, _ in out for e in entries)
+        sent.dependencies.extend(e.cid for entries, *_ in out for e in entries)
         return out
 
     source.service._sync[AnswerRefs] = answered
