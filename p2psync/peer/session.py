@@ -276,7 +276,7 @@ class PeerSession:
             answer.append(held)
             ended.set()
 
-        self.in_flight.wait(request.tenant, request.cid, tell)
+        self.in_flight.wait(request.tenant, request.cid, tell, request.serial)
         await ended.wait()
         self.proto.store_done(call.ref, answer[0])
         self.pump()

@@ -316,8 +316,8 @@ class HeldMessages(StoreRequest):
 @dataclass(frozen=True, slots=True)
 class ClaimMessages(StoreRequest):
     """Claim these wanted message CIDs for ``claimant`` (a sink) in the store's
-    :class:`~p2psync.replication.inflight.InFlightClaims`; answers the set another sink of this
-    store is receiving already (issue #17)."""
+    :class:`~p2psync.replication.inflight.InFlightClaims`; answers those another sink of this
+    store is receiving already, each with that claim's serial (issue #17)."""
 
     tenant: str
     cids: tuple[str, ...]
@@ -336,10 +336,12 @@ class ReleaseClaims(StoreRequest):
 
 @dataclass(frozen=True, slots=True)
 class AwaitClaim(StoreRequest):
-    """Until another sink's claim on ``cid`` ends; answers whether the store durably holds it."""
+    """Until another sink's claim on ``cid`` numbered ``serial`` (None: the current one) ends;
+    answers whether the store durably holds it."""
 
     tenant: str
     cid: str
+    serial: int | None = None
     durable = True
 
 

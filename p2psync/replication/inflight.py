@@ -30,25 +30,37 @@ RECENT_ENDS: Final = 4096
 
 
 class InFlightClaims:
-    """Message CIDs claimed by one sink each, and who waits for each claim to end."""
+    """Message CIDs claimed by one sink each, and who waits for each claim to end.
+
+    Each claim has a serial number, so that a sink waits for the very claim it was told of:
+    once that claim ends, a later claim on the same message (by a link that listed it
+    afterwards) is not waited on. That is what makes waiting safe: a sink only ever waits on
+    claims made before its own listing's, so no two sinks can wait on each other.
+    """
 
     def __init__(self) -> None:
-        self._owner: dict[tuple[str, str], object] = {}
+        self._owner: dict[tuple[str, str], tuple[object, int]] = {}
         self._waiting: dict[tuple[str, str], list[Callable[[bool], None]]] = {}
-        #: the last :data:`RECENT_ENDS` claims that ended, and whether each left it held
-        self._ended: OrderedDict[tuple[str, str], bool] = OrderedDict()
+        self._serial = 0
+        #: the last :data:`RECENT_ENDS` claims that ended: their serial and whether each left it held
+        self._ended: OrderedDict[tuple[str, str], tuple[int, bool]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._owner)
 
-    def claim(self, tenant: str, cids: Iterable[str], claimant: object) -> set[str]:
+    def claim(self, tenant: str, cids: Iterable[str], claimant: object) -> dict[str, int]:
         """Claim each of ``cids`` not claimed yet for ``claimant``; returns those another
-        claimant holds (``claimant``'s own earlier claims count as its own)."""
-        elsewhere: set[str] = set()
+        claimant holds, each with that claim's serial (``claimant``'s own earlier claims count
+        as its own)."""
+        elsewhere: dict[str, int] = {}
         for cid in cids:
-            owner = self._owner.setdefault((tenant, cid), claimant)
-            if owner is not claimant:
-                elsewhere.add(cid)
+            key = (tenant, cid)
+            held = self._owner.get(key)
+            if held is None:
+                self._serial += 1
+                self._owner[key] = (claimant, self._serial)
+            elif held[0] is not claimant:
+                elsewhere[cid] = held[1]
         return elsewhere
 
     def release(self, tenant: str, cids: Iterable[str], claimant: object, *, held: bool) -> None:
@@ -56,27 +68,32 @@ class InFlightClaims:
         now durably holds them. Whoever waited is told ``held``."""
         for cid in cids:
             key = (tenant, cid)
-            if self._owner.get(key) is not claimant:
+            owner = self._owner.get(key)
+            if owner is None or owner[0] is not claimant:
                 continue
             del self._owner[key]
-            self._ended[key] = held
+            self._ended[key] = (owner[1], held)
             self._ended.move_to_end(key)
             if len(self._ended) > RECENT_ENDS:
                 self._ended.popitem(last=False)
             for tell in self._waiting.pop(key, ()):
                 tell(held)
 
-    def wait(self, tenant: str, cid: str, tell: Callable[[bool], None]) -> None:
-        """Call ``tell(held)`` when the claim on ``cid`` ends. When there is none, at once: how
-        the last claim on it ended, if it is among the :data:`RECENT_ENDS` last to end (a sink
-        told of a claim asks to wait on it one store request later, and it may have ended in
-        between), else ``False`` (whoever had it is gone without saying the message is held)."""
+    def wait(self, tenant: str, cid: str, tell: Callable[[bool], None], serial: int | None = None) -> None:
+        """Call ``tell(held)`` when the claim on ``cid`` numbered ``serial`` (None: whichever
+        holds it now) ends. When that claim has ended already, at once: how it ended, if it is
+        the last claim on ``cid`` to end and among the :data:`RECENT_ENDS` last of all (a sink
+        told of a claim asks to wait on it one store request later), else ``False`` (not known
+        to be held: the message is offered again)."""
         key = (tenant, cid)
-        if key not in self._owner:
-            tell(self._ended.get(key, False))
+        owner = self._owner.get(key)
+        if owner is not None and (serial is None or owner[1] == serial):
+            self._waiting.setdefault(key, []).append(tell)
             return
-        self._waiting.setdefault(key, []).append(tell)
+        ended = self._ended.get(key)
+        tell(ended is not None and (serial is None or ended[0] == serial) and ended[1])
 
     def holder(self, tenant: str, cid: str) -> object | None:
         """The claimant of ``cid`` (None: nobody is receiving it)."""
-        return self._owner.get((tenant, cid))
+        owner = self._owner.get((tenant, cid))
+        return None if owner is None else owner[0]

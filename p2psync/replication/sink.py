@@ -544,7 +544,7 @@ class Sink:
             if token.message_cid in elsewhere and pull:
                 item = self.window.add(token)
                 item.elsewhere = True
-                self.host.spawn(self._await_elsewhere(item), "elsewhere")
+                self.host.spawn(self._await_elsewhere(item, elsewhere[token.message_cid]), "elsewhere")
             else:
                 self.window.add(token, settled=None if status == 0 else True)
         self.stats.items_offered += len(listed)
@@ -565,11 +565,11 @@ class Sink:
         store is receiving already are declined (issue #17): ``304`` to a `changes` (this sink
         keeps the token open until that apply is durable: :meth:`_await_elsewhere`), ``503``
         for now to a `proposeChanges` (:meth:`_await_pushed_elsewhere` settles it before the
-        answer). Returns the declined CIDs."""
+        answer). Returns the declined CIDs, each with the serial of the claim it waits on."""
         wanted = tuple(token.message_cid for (token, _), status in zip(listed, statuses, strict=True) if status == 0)
         if not wanted:
-            return set()
-        elsewhere: set[str] = yield ClaimMessages(self.tenant, wanted, self)
+            return {}
+        elsewhere: dict[str, int] = yield ClaimMessages(self.tenant, wanted, self)
         for i, (token, _) in enumerate(listed):
             if statuses[i] == 0:
                 if token.message_cid in elsewhere:
@@ -580,17 +580,18 @@ class Sink:
         return elsewhere
 
     def _await_pushed_elsewhere(self, listed: list[tuple[ProgressToken, int | None]], statuses: list[int],
-                                elsewhere: set[str]) -> Effects:
+                                elsewhere: dict[str, int]) -> Effects:
         """A `proposeChanges` answers each item another link is receiving once that apply has
         ended: ``304`` when it is durable, ``503`` when it failed. Answered ``503`` at once, the
         pusher would keep the token unsettled until its next round, and a continuous round never
         ends: its link would stay short of ``live`` and its push frontier behind that message
-        for as long as the connection lasts. Waiting cannot deadlock: the claim waited on was
-        made before this listing's, and an apply only waits on items listed before it."""
+        for as long as the connection lasts. Waiting cannot deadlock: each claim waited on is
+        the one this listing was told of (by its serial: not one another link made later), so
+        made before this listing's own, and an apply only waits on items listed before it."""
         for i, (token, _) in enumerate(listed):
             if statuses[i] == 503 and token.message_cid in elsewhere:
                 self.awaiting = token.message_cid
-                held = yield AwaitClaim(self.tenant, token.message_cid)
+                held = yield AwaitClaim(self.tenant, token.message_cid, elsewhere[token.message_cid])
                 self.awaiting = None
                 statuses[i] = 304 if held else 503
         if self.failed is not None:  # stopped meanwhile: fail() released this listing's claims
@@ -603,11 +604,11 @@ class Sink:
             self.claimed.difference_update(mine)
             self.host.store_later(ReleaseClaims(self.tenant, mine, self, held))
 
-    def _await_elsewhere(self, item: WindowItem) -> Effects:
+    def _await_elsewhere(self, item: WindowItem, serial: int) -> Effects:
         """A `changes` item declined because another link was receiving it: settled once that
         apply is durable; when that link gave up, left unsettled like a `Deferred` result (the
         checkpoint stays before it and the next round offers it again: nothing is lost)."""
-        held = yield AwaitClaim(self.tenant, item.token.message_cid)
+        held = yield AwaitClaim(self.tenant, item.token.message_cid, serial)
         if item.done:
             return
         self.window.finish(item, settled=bool(held))

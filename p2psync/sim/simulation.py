@@ -493,7 +493,7 @@ class Simulation:
         if isinstance(request, AwaitClaim):
             if conn.alive:
                 peer.in_flight.wait(request.tenant, request.cid,
-                                    lambda held: self.claims_ended.append((conn, side, call.ref, held)))
+                                    lambda held: self.claims_ended.append((conn, side, call.ref, held)), request.serial)
             return
         if request.durable:
             if not conn.alive:

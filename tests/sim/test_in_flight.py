@@ -16,8 +16,8 @@ from tests.bench.bench_mesh import CountingSimulation, _links, _simulation, _wri
 def test_claims_decline_others_and_tell_waiters() -> None:
     claims = InFlightClaims()
     a, b = object(), object()
-    assert claims.claim("t", ["x", "y"], a) == set()
-    assert claims.claim("t", ["x", "z"], b) == {"x"}
+    assert claims.claim("t", ["x", "y"], a) == {}
+    assert claims.claim("t", ["x", "z"], b) == {"x": 1}
     told: list[bool] = []
     claims.wait("t", "x", told.append)
     claims.release("t", ["x"], b, held=True)  # not b's: ignored
@@ -34,6 +34,25 @@ def test_claims_decline_others_and_tell_waiters() -> None:
     claims.wait("t", "x", told.append)
     claims.wait("t", "y", told.append)
     assert told == [True, False, False, True, False]
+
+
+def test_a_waiter_waits_for_the_claim_it_was_told_of_not_a_later_one() -> None:
+    claims = InFlightClaims()
+    a, b, c = object(), object(), object()
+    claims.claim("t", ["x"], a)
+    serial = claims.claim("t", ["x"], b)["x"]
+    claims.release("t", ["x"], a, held=False)  # that claim ends before b waits on it...
+    assert claims.claim("t", ["x"], c) == {}  # ...and c claims the message afresh
+    told: list[bool] = []
+    claims.wait("t", "x", told.append, serial)  # b is told how a's claim ended, not held up by c's
+    assert told == [False]
+    later = claims.claim("t", ["x"], b)["x"]
+    claims.wait("t", "x", told.append, later)
+    claims.release("t", ["x"], c, held=True)
+    assert told == [False, True]
+    claims.wait("t", "x", told.append, later)  # ended just before: its outcome is remembered
+    claims.wait("t", "x", told.append, serial)  # an older claim's: not the last to end, so not known
+    assert told == [False, True, True, False]
 
 
 def test_recent_ends_are_bounded() -> None:
@@ -107,7 +126,7 @@ def test_a_link_that_fails_mid_transfer_loses_nothing(tmp_path: Path) -> None:
         sim._deliver(conn, conn.in_flight.pop(0))
         sim.settle()
         for peer in sim.peers:
-            for (_, cid), owner in list(peer.in_flight._owner.items()):
+            for (_, cid), (owner, _) in list(peer.in_flight._owner.items()):
                 if not peer.in_flight._waiting.get((sim.tenant, cid)):
                     continue
                 for c in sim._alive():
