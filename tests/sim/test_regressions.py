@@ -184,3 +184,13 @@ def test_a_configure_superseded_before_it_was_sent_still_decides_a_role_write(tm
     configure(p1, 4, member=True)  # C3: C2 leaves p1's log
     result = sim.finish(sim.quiesce())
     assert result.outcome == "converged", [str(f) for f in result.findings]
+
+
+@pytest.mark.xfail(strict=True, reason="a push sink waits, one item after another, on claims a later listing"
+                   " can take over, and two such sinks wait on each other")
+def test_two_pushes_into_one_peer_do_not_wait_on_each_other(tmp_path: Path) -> None:
+    """Found by `--scopes mixed` (docs/simulator.md, *What it found*): p2 (subset `thread`)
+    is pushed to by p1 and p3; after the first pass their push sinks on p2 each hold a claim
+    the other waits for, and no round ends."""
+    result = run_seed(35, SimConfig(peers=4, topology="mesh", faults="heavy", scopes="mixed"), tmp_path)
+    assert not any(f.kind == "no_quiescence" for f in result.findings), [str(f) for f in result.findings]
