@@ -10,10 +10,17 @@
   and no frontier covers a message its store lacks (unless canonical lacks it as well).
 - **no link stuck**: every link's last round succeeded, it is ``live``, and its frontiers
   stand at the heads of the logs they follow.
+
+With ``--scopes mixed`` the checks above are made over the *full* peers (the canonical state of
+what they and the scope let through), and a peer reached only through scoped links holds a
+subset, judged by what docs/scopes.md promises: :func:`intent_view` (every message of the
+scope's intent and no other), the messages it admitted processed alone reach its state (closure-complete),
+and :func:`scope_reads` answer as on a full replica (:func:`answers`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -21,13 +28,17 @@ from pathlib import Path
 from typing import Any, Final
 
 from p2psync.dwn.did import Identity
+from p2psync.dwn.encoding import message_cid
 from p2psync.dwn.engine import Dwn
-from p2psync.dwn.records import ALL_RECORDS_FILTER, create_records_query
+from p2psync.dwn.protocols import ProtocolsQuery
+from p2psync.dwn.records import ALL_RECORDS_FILTER, create_records_query, create_records_read
 from p2psync.dwn.store import Store
 from p2psync.replication.checkpoint import DirectionCheckpoint
-from p2psync.sim.writers import Authored
+from p2psync.replication.scope import SyncScope
+from p2psync.sim.writers import Authored, Cast
 
-__all__ = ["CLASSES", "Finding", "ReplicaState", "canonical_state", "replica_state"]
+__all__ = ["CLASSES", "Finding", "ReplicaState", "answers", "archived", "canonical_state", "intent_view",
+           "replica_state", "scope_reads"]
 
 #: Outcome classes, most severe first: a seed takes the first class any of its findings has.
 CLASSES: Final = ("stuck", "lost", "diverged")
@@ -115,3 +126,97 @@ def regressed(old: DirectionCheckpoint, new: DirectionCheckpoint) -> bool:
         if after is None or not after.same_domain(before) or after.position < before.position:
             return True
     return False
+
+
+# == subsets (``--scopes mixed``) ===============================================================
+
+
+def intent_view(store: Store, tenant: str, scope: SyncScope) -> tuple[frozenset[str], frozenset[tuple[str, str, int]]]:
+    """The event-log CIDs of the messages of ``scope``'s intent ``store`` holds (by the index
+    key-values logged with them: a delete's are its record's), and the data of their records."""
+    tid = store.tenant_id(tenant, create=False)
+    if tid is None:
+        return frozenset(), frozenset()
+    cids, records = set(), set()
+    for cid, indexes in store.conn.execute("SELECT cid, indexes FROM events WHERE tenant=?", (tid,)):
+        facts = json.loads(indexes)
+        if scope.matches(facts):
+            cids.add(str(cid))
+            records.add(facts.get("recordId"))
+    data = frozenset((str(r), str(d), int(n)) for r, d, n in store.conn.execute(
+        "SELECT record_id, data_cid, size FROM data WHERE tenant=?", (tid,)) if r in records)
+    return frozenset(cids), data
+
+
+def archived(store: Store, tenant: str) -> set[str]:
+    """The CIDs of every message ``store`` ever admitted for ``tenant`` (its archive)."""
+    tid = store.tenant_id(tenant, create=False)
+    if tid is None:
+        return set()
+    return {str(c) for (c,) in store.conn.execute("SELECT cid FROM archive WHERE tenant=?", (tid,))}
+
+
+Read = tuple[str, dict[str, Any]]  # (who, the read message)
+
+
+def scope_reads(cast: Cast, scope: SyncScope, reference: Store, tenant: str) -> list[Read]:
+    """Reads that stay inside ``scope`` (docs/scopes.md: they answer on a subset replica as on
+    the full DWN) for the users the writers act as, built from the records ``reference`` holds:
+    the protocol's definitions; a query of each path in the scope (in each context prefix) by
+    alice, bob and carol; carol's queries under her roles (a thread's participant, a member);
+    alice's read of each record in the scope, and carol's of each chat as a member."""
+    assert scope.protocol is not None
+    protocol, at = scope.protocol, QUERY_TIMESTAMP
+    tid = reference.tenant_id(tenant, create=False)
+    rows = [] if tid is None else reference.conn.execute(
+        "SELECT DISTINCT record_id, protocol_path, context_id FROM messages"
+        " WHERE tenant=? AND protocol=? AND interface='Records' AND method='Write' ORDER BY record_id",
+        (tid, protocol)).fetchall()
+    inside = [(str(r), str(p), str(c)) for r, p, c in rows
+              if scope.matches({"protocol": protocol, "protocolPath": p, "contextId": c})]
+    contexts: list[str | None] = list(scope.context_id_prefixes) or [None]
+
+    def where(path: str, context: str | None) -> dict[str, Any]:
+        flt = {"protocol": protocol, "protocolPath": path}
+        return flt if context is None else {**flt, "contextId": context}
+
+    reads: list[Read] = [("alice", ProtocolsQuery.create(signer=cast.alice, filter={"protocol": protocol},
+                                                         message_timestamp=at).message)]
+    for path in sorted({p for _, p, _ in inside}):
+        for context in contexts:
+            for name in ("alice", "bob", "carol"):
+                reads.append((name, create_records_query(signer=getattr(cast, name), filter=where(path, context),
+                                                         message_timestamp=at)))
+    if scope.matches(where("thread/chat", None)) or scope.context_id_prefixes:
+        for thread in sorted({c.split("/")[0] for _, _, c in inside}):
+            reads.append(("carol", create_records_query(signer=cast.carol, filter=where("thread/chat", thread),
+                                                        protocol_role="thread/participant", message_timestamp=at)))
+        for context in contexts:
+            reads.append(("carol", create_records_query(signer=cast.carol, filter=where("thread/chat", context),
+                                                        protocol_role="member", message_timestamp=at)))
+    for record, path, _ in inside:
+        reads.append(("alice", create_records_read(signer=cast.alice, filter={"recordId": record},
+                                                   message_timestamp=at)))
+        if path == "thread/chat":
+            reads.append(("carol", create_records_read(signer=cast.carol, filter={"recordId": record},
+                                                       protocol_role="member", message_timestamp=at)))
+    return reads
+
+
+def answers(dwn: Dwn, tenant: str, reads: list[Read]) -> list[tuple[int, list[str]]]:
+    """Each read's code and what it returned: the CIDs of the messages (as sent) and of a read's
+    record, and a digest of its data (the comparison tests/replication/test_shuffle.py makes)."""
+    out = []
+    for _, message in reads:
+        reply = dwn.process_message(tenant, message)
+        seen = [message_cid(_as_sent(e)) for e in reply.entries or []]
+        if reply.entry is not None and isinstance(reply.entry.get("recordsWrite"), dict):
+            seen.append(message_cid(_as_sent(reply.entry["recordsWrite"])))
+        if reply.data is not None:
+            seen.append(hashlib.sha256(reply.data).hexdigest()[:16])
+        out.append((reply.code, seen))
+    return out
+
+
+def _as_sent(entry: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in entry.items() if k not in ("encodedData", "initialWrite")}

@@ -6,6 +6,7 @@
     --steps N                                  steps of writers and faults before healing
     --ops full|basic                           the full mix (default), or creates and updates only
     --faults normal|heavy                      heavy: ten times the crashes, drops, partitions
+    --scopes global|mixed                      mixed: some peers reached only through scoped links
 
 A failing seed prints its findings and the command that replays it. The last line is always
 ``sim: K seeds, C converged, D diverged, L lost, S stuck``; the exit status is 0 only when
@@ -21,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
-from p2psync.sim.simulation import FAULT_MIXES, SeedResult, SimConfig, run_seed
+from p2psync.sim.simulation import FAULT_MIXES, SCOPE_MIXES, SeedResult, SimConfig, run_seed
 from p2psync.sim.world import TOPOLOGIES
 from p2psync.sim.writers import OPS
 
@@ -48,6 +49,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ops", choices=OPS, default="full", help="full: every op; basic: creates, updates")
     p.add_argument("--faults", choices=FAULT_MIXES, default="normal",
                    help="heavy: crashes, drops and partitions ten times as often")
+    p.add_argument("--scopes", choices=SCOPE_MIXES, default="global",
+                   help="mixed: some peers sync only a protocol or subset scope of the chat protocol")
     p.add_argument("--quiet", action="store_true", help="print only the summary line")
 
 
@@ -81,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
     if args.trace and args.seed is None:
         print("p2psync sim: --trace needs --seed S", file=sys.stderr)
         return 2
-    config = SimConfig(peers=args.peers, steps=args.steps, topology=args.topology, ops=args.ops, faults=args.faults)
+    config = SimConfig(peers=args.peers, steps=args.steps, topology=args.topology, ops=args.ops, faults=args.faults,
+                       scopes=args.scopes)
     seeds = [args.seed] if args.seed is not None else list(range(args.seed_start, args.seed_start + args.seeds))
     results: list[SeedResult] = []
     for seed in seeds:

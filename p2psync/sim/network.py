@@ -13,6 +13,7 @@ from typing import Any
 from p2psync.replication.effects import Operation
 from p2psync.replication.protocol import ReplicationProtocol
 from p2psync.replication.round import SyncRound
+from p2psync.replication.scope import SyncScope
 from p2psync.sim.world import SimPeer
 
 __all__ = ["Connection", "Endpoint", "Envelope", "Link"]
@@ -53,6 +54,7 @@ class Link:
     failed: bool = False
     rounds: int = 0
     rounds_ok: int = 0
+    scope: SyncScope = field(default_factory=SyncScope.global_scope)
 
     @property
     def name(self) -> str:

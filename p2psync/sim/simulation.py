@@ -44,18 +44,28 @@ from p2psync.replication.effects import (
     StoreCall,
     WaitForLog,
 )
-from p2psync.replication.hello import REVS, Hello
+from p2psync.replication.hello import OFFERED_CAPABILITIES, REVS, Hello
 from p2psync.replication.protocol import ReplicationProtocol
-from p2psync.replication.scope import SyncScope
+from p2psync.replication.scope import ListingFacts, SyncScope
 from p2psync.replication.sink import Sink
 from p2psync.replication.wire import PeerError
-from p2psync.sim.check import CLASSES, Finding, canonical_state, regressed, replica_state
+from p2psync.sim.check import (
+    CLASSES,
+    Finding,
+    answers,
+    archived,
+    canonical_state,
+    intent_view,
+    regressed,
+    replica_state,
+    scope_reads,
+)
 from p2psync.sim.network import Connection, Endpoint, Envelope, Link
 from p2psync.sim.world import PendingDurable, SimClock, SimPeer, edges_of, seeded_uuid
-from p2psync.sim.writers import Cast, Writer
+from p2psync.sim.writers import CHAT, Authored, Cast, Writer
 from p2psync.state.committer import StoreUnavailable
 
-__all__ = ["FAULTS", "FAULT_MIXES", "SeedResult", "SimConfig", "Simulation", "run_seed"]
+__all__ = ["FAULTS", "FAULT_MIXES", "SCOPE_MIXES", "SeedResult", "SimConfig", "Simulation", "run_seed"]
 
 #: The faults a run injects (each counted in ``SeedResult.counts``).
 FAULTS: Final = ("drop", "partition", "crash", "slow")
@@ -69,6 +79,9 @@ WEIGHTS: Final = {
 HEAVY: Final = {**WEIGHTS, "crash": 3.0, "drop": 3.0, "partition": 1.0, "commit": 2.0, "write": 10.0, "save": 6.0}
 #: The fault mixes ``--faults`` names.
 FAULT_MIXES: Final = ("normal", "heavy")
+#: What ``--scopes`` names: every link global, or some peers reached only through links of one
+#: protocol or subset scope of the chat protocol (the seed picks which peers and which scope).
+SCOPE_MIXES: Final = ("global", "mixed")
 #: A delivery to a slow consumer goes ahead only this often (it is picked, then held back).
 SLOW_DELIVERY: Final = 0.25
 #: Quiescence: passes of rounds over every link before the seed counts as stuck.
@@ -89,11 +102,13 @@ class SimConfig:
     topology: str = "random"
     ops: str = "full"
     faults: str = "normal"
+    scopes: str = "global"
 
     def replay(self, seed: int) -> str:
         faults = f" --faults {self.faults}" if self.faults != "normal" else ""
+        scopes = f" --scopes {self.scopes}" if self.scopes != "global" else ""
         return (f"p2psync sim --peers {self.peers} --seed {seed} --steps {self.steps}"
-                f" --topology {self.topology} --ops {self.ops}{faults} --trace")
+                f" --topology {self.topology} --ops {self.ops}{faults}{scopes} --trace")
 
 
 @dataclass
@@ -132,6 +147,8 @@ class Simulation:
             raise ValueError("peers must be 2 to 6")
         if config.faults not in FAULT_MIXES:
             raise ValueError(f"faults must be one of {FAULT_MIXES}")
+        if config.scopes not in SCOPE_MIXES:
+            raise ValueError(f"scopes must be one of {SCOPE_MIXES}")
         self.seed = seed
         self.config = config
         self.workdir = workdir
@@ -140,7 +157,6 @@ class Simulation:
         self.clock = SimClock()
         self.cast = Cast.seeded()
         self.tenant = self.cast.alice.did
-        self.scope = SyncScope.global_scope()
         rng = self.rng
         self.peers = [
             SimPeer(f"p{i}", i, workdir / f"p{i}.db", self.tenant, seeded_uuid(rng),
@@ -158,7 +174,7 @@ class Simulation:
             self.links.append(Link(i, active, passive))
         self.batch = rng.choice((1, 2, 3, 5, 8, 200))
         self.max_revs = rng.choice((1, 2, 4, 16, 1000))
-        self.writer = Writer(rng, self.cast, config.ops)
+        self.writer = Writer(rng, self.cast, config.ops, members=config.scopes == "mixed")
         self.trace: list[str] = []
         self.counts: Counter[str] = Counter()
         self.findings: list[Finding] = []
@@ -173,6 +189,51 @@ class Simulation:
         self.log(f"seed {seed}: {config.peers} peers, links "
                  + " ".join(f"{lk.name}:p{lk.active}->p{lk.passive}" for lk in self.links)
                  + f", batch {self.batch}, max revs {self.max_revs}, ops {config.ops}")
+        #: peers whose every link carries ``subset_scope`` (``--scopes mixed``); the others are full
+        self.scoped: set[int] = set()
+        self.subset_scope = SyncScope.global_scope()
+        if config.scopes == "mixed":
+            self._plan_scopes()
+
+    def _plan_scopes(self) -> None:
+        """Pick the scoped peers (the full ones stay connected through global links), write the
+        chat protocol, a thread (a context to scope by) and carol's role in it on a full peer, and
+        pick the scope."""
+        rng, n = self.rng, len(self.peers)
+        order = list(range(n))
+        rng.shuffle(order)
+        limit = rng.randint(1, max(1, n // 2))
+        for i in order:
+            rest = {j for j in range(n) if j != i and j not in self.scoped}
+            if len(self.scoped) < limit and self._connected(rest):
+                self.scoped.add(i)
+        full = self.peers[min(set(range(n)) - self.scoped)]
+        for op in ("configure", "thread", "participant"):
+            self.log(f"write on {full.name}: {self.writer.perform(full, op, 0)}")
+        thread = next(a for a in reversed(self.writer.authored.values()) if a.op == "thread")
+        context = str(thread.message["contextId"])
+        self.subset_scope = rng.choice((
+            SyncScope.for_protocol(CHAT), SyncScope.subset(CHAT, ["thread"]), SyncScope.subset(CHAT, ["thread/chat"]),
+            SyncScope.subset(CHAT, (), [context]), SyncScope.subset(CHAT, ["thread/chat"], [context]),
+        ))
+        for link in self.links:
+            if {link.active, link.passive} & self.scoped:
+                link.scope = self.subset_scope
+        self.log(f"scoped peers {sorted(f'p{i}' for i in self.scoped)}: {self.subset_scope.to_wire()}")
+
+    def _connected(self, members: set[int]) -> bool:
+        """Whether ``members`` (non-empty) are connected by links between them."""
+        if not members:
+            return False
+        reached, todo = set(), [min(members)]
+        while todo:
+            i = todo.pop()
+            if i in reached:
+                continue
+            reached.add(i)
+            todo.extend(lk.passive if lk.active == i else lk.active for lk in self.links
+                        if i in (lk.active, lk.passive) and {lk.active, lk.passive} <= members)
+        return reached == members
 
     # == the run ===============================================================================
 
@@ -341,7 +402,7 @@ class Simulation:
         protos = [
             ReplicationProtocol(identity=self.cast.alice, active=side == 0, max_unanswered_revs=self.max_revs,
                                 mine=Hello(self.tenant, peer.store_id, self.rng.randbytes(32), "p2psync-sim",
-                                           capabilities=(REVS,) if peer.offers_revs else ()))
+                                           capabilities=self._capabilities(link, peer)))
             for side, peer in enumerate((a, p))
         ]
         conn = Connection(self.connections, link, (Endpoint(a, protos[0], generation=a.generation),
@@ -355,6 +416,13 @@ class Simulation:
         conn.hello = protos[0].start_hello()
         self.touch(conn)
         return conn
+
+    def _capabilities(self, link: Link, peer: SimPeer) -> tuple[str, ...]:
+        """A scoped link offers what p2psync offers (`roleRecords`: the subset sink asks for the
+        role records a re-configure creates); `revs` as the peer offers it (§8.4)."""
+        if link.scope.kind == "global":
+            return (REVS,) if peer.offers_revs else ()
+        return tuple(c for c in OFFERED_CAPABILITIES if c != REVS or peer.offers_revs)
 
     def _do_write(self) -> None:
         peer = self.rng.choice([p for p in self.peers if p.up])
@@ -574,7 +642,7 @@ class Simulation:
                 self._close(conn, f"hello failed: {conn.hello.error}", failed=True)
                 return
             conn.op, conn.round = active.proto.sync(
-                tenant=self.tenant, scope=self.scope, local_store_id=active.peer.store_id, pull=True, push=True,
+                tenant=self.tenant, scope=conn.link.scope, local_store_id=active.peer.store_id, pull=True, push=True,
                 batch=self.batch,
             )
             self.touch(conn)
@@ -700,7 +768,7 @@ class Simulation:
                 continue
             remote = f"{self.tenant}?storeId={passive.store_id}"
             for found in active.ledger.links(self.tenant):
-                if found.key.remote != remote:
+                if found.key.remote != remote or found.key.scope_id != link.scope.scope_id:
                     continue
                 pull, _ = active.ledger.get_checkpoint(found.key, Direction.PULL)
                 cp_id = checkpoint_id(active.store_id, passive.store_id, found.key.scope_id, self.tenant)
@@ -708,12 +776,14 @@ class Simulation:
                 push = DirectionCheckpoint.from_wire(copy[0].get("push", {})) if copy else DirectionCheckpoint()
                 for direction, checkpoint, follower, source in ((Direction.PULL, pull, active, passive),
                                                                 (Direction.PUSH, push, passive, active)):
-                    for cid in self._covered_missing(checkpoint, follower, source):
+                    for cid in self._covered_missing(checkpoint, follower, source, link.scope):
                         self.suspects.append((follower.index, cid, f"{direction} frontier of {active.name}"
                                               f"->{passive.name} covers it"
                                               f"{' after a crash' if after_crash else ''}"))
 
-    def _covered_missing(self, checkpoint: DirectionCheckpoint, follower: SimPeer, source: SimPeer) -> list[str]:
+    def _covered_missing(self, checkpoint: DirectionCheckpoint, follower: SimPeer, source: SimPeer,
+                         scope: SyncScope) -> list[str]:
+        """The messages of ``scope``'s intent under the frontier that ``follower`` lacks."""
         frontier = checkpoint.contiguous_applied_token
         if frontier is None or frontier.domain != source.stream:
             return []
@@ -721,13 +791,14 @@ class Simulation:
         if tid is None:
             return []
         rows = source.store.conn.execute(
-            "SELECT e.cid, m.record_id FROM events e LEFT JOIN messages m ON m.tenant = e.tenant AND m.cid = e.cid"
+            "SELECT e.cid, m.record_id, e.indexes FROM events e"
+            " LEFT JOIN messages m ON m.tenant = e.tenant AND m.cid = e.cid"
             " WHERE e.tenant=? AND e.position<=? ORDER BY e.position", (tid, frontier.position)
         ).fetchall()
         held = follower.held()
         missing = []
-        for cid, record_id in rows:
-            if cid in held:
+        for cid, record_id, indexes in rows:
+            if cid in held or scope.kind != "global" and not scope.matches(json.loads(str(indexes))):
                 continue
             if record_id is not None and follower.store.conn.execute(
                 "SELECT 1 FROM messages m JOIN tenants t ON t.id = m.tenant WHERE t.did=? AND m.record_id=? LIMIT 1",
@@ -795,19 +866,20 @@ class Simulation:
     def judge(self, *, check_links: bool) -> bool:
         """Check the invariants after quiescence; returns whether replicas differ from canonical."""
         owner = self.cast.alice
-        states = [replica_state(p.store, owner) for p in self.peers]
-        union = list(self.writer.authored.values())
+        full = [p for p in self.peers if p.index not in self.scoped]
+        states = [replica_state(p.store, owner) for p in full]
+        union = self._full_union(full)
         canonical, refused = canonical_state(self.workdir / "canonical.db", owner, union)
         self.log(f"judge: {len(union)} messages accepted by devices, canonical holds {len(canonical.messages)}"
                  f" (refused in canonical order: {refused or 'none'});"
                  f" replicas hold {[len(s.messages) for s in states]}")
         self.counts["authored"] = len(union)
-        for peer, state in zip(self.peers[1:], states[1:], strict=True):
+        for peer, state in zip(full[1:], states[1:], strict=True):
             if state != states[0]:
-                self.finding("diverged", "replicas", f"{self.peers[0].name} vs {peer.name}: "
+                self.finding("diverged", "replicas", f"{full[0].name} vs {peer.name}: "
                              f"{states[0].differences(state)}")
         diverged = False
-        for peer, state in zip(self.peers, states, strict=True):
+        for peer, state in zip(full, states, strict=True):
             if state != canonical:
                 diverged = True
                 self.finding("diverged", "canonical", f"{peer.name} vs canonical: {state.differences(canonical)}")
@@ -815,7 +887,7 @@ class Simulation:
         for authored in sorted(union, key=lambda a: (a.step, a.cid)):
             if authored.cid not in canonical.messages:
                 continue
-            lacking = [p for p, s in zip(self.peers, states, strict=True) if authored.cid not in s.messages]
+            lacking = [p for p, s in zip(full, states, strict=True) if authored.cid not in s.messages]
             if lacking:
                 self.finding("lost", "message", f"{authored.op} {authored.cid[-10:]} accepted on {authored.peer} at"
                              f" step {authored.step} is canonical but missing on "
@@ -829,9 +901,70 @@ class Simulation:
                 seen.add((index, cid))
                 self.finding("lost", "frontier", f"{self.peers[index].name} lacks {cid[-10:]}: {why}"
                              f" ({self._applied(index, cid)})")
+        for peer in self.peers:
+            if peer.index in self.scoped:
+                self._judge_subset(peer, full[0])
         if check_links:
             self._check_links()
         return diverged
+
+    def _full_union(self, full: list[SimPeer]) -> list[Authored]:
+        """What the full peers must hold the canonical state of: what their users wrote and, of
+        what was written on scoped peers, what the scope lists (but for role records outside its
+        intent: rule 3 lists those only once a configure makes their path a role) or what a
+        full peer admitted (closure dependencies)."""
+        union = list(self.writer.authored.values())
+        if not self.scoped:
+            return union
+        names = {p.name for p in full}
+        admitted = set().union(*(archived(p.store, self.tenant) for p in full))
+        scope = self.subset_scope
+        return [a for a in union
+                if a.peer in names or a.cid in admitted or scope.lists(ListingFacts.of(a.indexes))]
+
+    def _judge_subset(self, peer: SimPeer, reference: SimPeer) -> None:
+        """A peer reached only through scoped links holds a subset (docs/scopes.md). Against a
+        full peer: (a) it holds every message of the scope's intent, and no other, with the
+        data; (b) closure-complete: the messages it holds, processed alone in canonical order,
+        reach its state (a message admitted without what it depends on would be refused);
+        (c) the reads inside the scope answer as on the full peer, for alice, bob and carol."""
+        scope, owner = self.subset_scope, self.cast.alice
+        want, want_data = intent_view(reference.store, self.tenant, scope)
+        got, got_data = intent_view(peer.store, self.tenant, scope)
+        authored = self.writer.authored
+        for cid in sorted(want - got):
+            op = authored[cid].op if cid in authored else "?"
+            self.finding("lost", "subset_message", f"{op} {cid[-10:]} in the scope is on {reference.name} but"
+                         f" missing on {peer.name} ({self._applied(peer.index, cid)})")
+        for cid in sorted(got - want):
+            op = authored[cid].op if cid in authored else "?"
+            self.finding("diverged", "subset_extra", f"{op} {cid[-10:]} in the scope is on {peer.name} but not on"
+                         f" {reference.name} ({self._applied(reference.index, cid)})")
+        if want_data != got_data:
+            self.finding("diverged", "subset_data", f"{peer.name} vs {reference.name}: data of the scope's records"
+                         f" {len(got_data)} vs {len(want_data)}")
+        state = replica_state(peer.store, owner)
+        admitted = archived(peer.store, self.tenant)
+        alone, _ = canonical_state(self.workdir / f"alone-{peer.name}.db", owner,
+                                   [authored[c] for c in admitted if c in authored])
+        unknown = len(admitted - set(authored))
+        if alone != state or unknown:
+            self.finding("diverged", "subset_closure", f"{peer.name}: the messages it admitted, processed alone:"
+                         f" {alone.differences(state)}; {unknown} no user wrote")
+        reads = scope_reads(self.cast, scope, reference.store, self.tenant)
+        mine, theirs = answers(peer.dwn, self.tenant, reads), answers(reference.dwn, self.tenant, reads)
+        differ = [i for i, (a, b) in enumerate(zip(mine, theirs, strict=True)) if a != b]
+        if differ:
+            who, message = reads[differ[0]]
+            d = message["descriptor"]
+            self.finding("diverged", "subset_reads", f"{len(differ)} of {len(reads)} reads inside the scope answer"
+                         f" otherwise on {peer.name} than on {reference.name}; first: {who}'s {d['method']}"
+                         f" {json.dumps(d.get('filter'), sort_keys=True)[:160]}: {_answer(mine[differ[0]])} vs"
+                         f" {_answer(theirs[differ[0]])}")
+        results = sum(1 for code, seen in theirs if code == 200 and seen)
+        self.counts.update(subset_intent=len(got), subset_reads=len(reads), subset_reads_with_results=results)
+        self.log(f"judge {peer.name}: {len(got)} messages of the scope's intent, {len(state.messages)} held,"
+                 f" {len(reads)} reads compared ({results} with results)")
 
     def _applied(self, peer: int, cid: str) -> str:
         return self.applies.get((peer, cid), "never applied")
@@ -840,7 +973,8 @@ class Simulation:
         for link in self.links:
             active, passive = self.peers[link.active], self.peers[link.passive]
             remote = f"{self.tenant}?storeId={passive.store_id}"
-            found = [lk for lk in active.ledger.links(self.tenant) if lk.key.remote == remote]
+            found = [lk for lk in active.ledger.links(self.tenant)
+                     if lk.key.remote == remote and lk.key.scope_id == link.scope.scope_id]
             if not found:
                 self.finding("stuck", "link", f"{link.name}: no ledger link on {active.name}")
                 continue
@@ -868,6 +1002,11 @@ def _awaited(sink: Sink) -> Iterator[str]:
     for item in sink.window.open_items():
         if item.elsewhere:
             yield item.token.message_cid
+
+
+def _answer(answer: tuple[int, list[str]]) -> str:
+    code, seen = answer
+    return f"{code} [{', '.join(s[-8:] for s in seen[:4])}{', …' if len(seen) > 4 else ''}]"
 
 
 def _pending(conn: Connection, side: int, ref: int, batch: Any, value: Any = None) -> PendingDurable:

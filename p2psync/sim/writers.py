@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from p2psync.dwn import permissions
@@ -37,26 +37,35 @@ CHAT: Final = "https://p2psync.example/sim/chat"
 LARGE_DATA_ONE_IN: Final = 25
 
 
-def chat_definition(version: int) -> dict[str, Any]:
-    """The chat protocol; version 2 narrows who may write notes (a protocol change)."""
+def chat_definition(version: int, member: bool | None = None) -> dict[str, Any]:
+    """The chat protocol; version 2 narrows who may write notes (a protocol change).
+
+    ``member`` (the ``--scopes mixed`` writers only): a top-level ``member`` path, a plain one
+    (False) or a ``$role`` whose holders may read chats (True), so a re-configure can turn
+    records already written into roles; with it, participants may read their thread's chats.
+    """
     note_actions = [{"who": "anyone", "can": ["create", "update"]}] if version == 1 else []
-    return {
-        "protocol": CHAT,
-        "published": True,
-        "types": {"thread": {}, "participant": {}, "chat": {}, "note": {}, "memo": {}},
-        "structure": {
-            "note": {"$actions": note_actions} if note_actions else {},
-            "memo": {},  # the owner only, or by grant
-            "thread": {
-                "$actions": [{"who": "anyone", "can": ["create", "update"]}],
-                "participant": {
-                    "$role": True,
-                    "$actions": [{"who": "author", "of": "thread", "can": ["create"]}],
-                },
-                "chat": {"$actions": [{"role": "thread/participant", "can": ["create", "update"]}]},
+    chat_actions: list[dict[str, Any]] = [{"role": "thread/participant", "can": ["create", "update"]}]
+    structure: dict[str, Any] = {
+        "note": {"$actions": note_actions} if note_actions else {},
+        "memo": {},  # the owner only, or by grant
+        "thread": {
+            "$actions": [{"who": "anyone", "can": ["create", "update"]}],
+            "participant": {
+                "$role": True,
+                "$actions": [{"who": "author", "of": "thread", "can": ["create"]}],
             },
+            "chat": {"$actions": chat_actions},
         },
     }
+    types: dict[str, Any] = {"thread": {}, "participant": {}, "chat": {}, "note": {}, "memo": {}}
+    if member is not None:
+        types["member"] = {}
+        structure["member"] = {"$role": True} if member else {}
+        chat_actions[0]["can"] = ["create", "update", "read", "query", "subscribe"]
+        if member:
+            chat_actions.append({"role": "member", "can": ["read", "query", "subscribe"]})
+    return {"protocol": CHAT, "published": True, "types": types, "structure": structure}
 
 
 @dataclass(frozen=True)
@@ -69,6 +78,7 @@ class Authored:
     peer: str
     step: int
     op: str
+    indexes: dict[str, Any] = field(default_factory=dict, compare=False)  # as the device logged it
 
     @property
     def timestamp(self) -> str:
@@ -97,12 +107,14 @@ class Cast:
 class Writer:
     """Picks and performs one user action on a peer (see the module doc)."""
 
-    def __init__(self, rng: random.Random, cast: Cast, ops: str) -> None:
+    def __init__(self, rng: random.Random, cast: Cast, ops: str, *, members: bool = False) -> None:
         if ops not in OPS:
             raise ValueError(f"ops must be one of {OPS}")
         self.rng = rng
         self.cast = cast
         self.ops = ops
+        #: ``--scopes mixed``: configures with a `member` path (a role or not) and member records
+        self.members = members
         self.authored: dict[str, Authored] = {}
         self.grants: list[Authored] = []
         self.attempts = 0
@@ -117,7 +129,13 @@ class Writer:
         full = [("configure", 1), ("thread", 3), ("participant", 2), ("chat", 3), ("delete", 2), ("prune", 1),
                 ("grant", 1), ("memo", 1), ("revoke", 1)]
         table = basic + full if self.ops == "full" else basic
+        if self.members and self.ops == "full":
+            table = [*table, ("member", 2)]
         op = self.rng.choices([o for o, _ in table], [w for _, w in table])[0]
+        return self.perform(peer, op, step)
+
+    def perform(self, peer: SimPeer, op: str, step: int) -> str:
+        """Do ``op`` on ``peer`` (a name of :meth:`act`'s table); returns a line for the trace."""
         built = getattr(self, f"_{op}")(peer)
         if built is None:
             return f"{op}: nothing to do"
@@ -129,11 +147,18 @@ class Writer:
             self.refused += 1
             return f"{op} by {signer} refused {reply.code} {str(reply.detail)[:60]}"
         self.counts[op] = self.counts.get(op, 0) + 1
-        authored = Authored(cid, message, data, peer.name, step, op)
+        authored = Authored(cid, message, data, peer.name, step, op, self._indexes(peer, cid))
         self.authored.setdefault(cid, authored)
         if op == "grant":
             self.grants.append(authored)
         return f"{op} by {signer} accepted {cid[-10:]}"
+
+    def _indexes(self, peer: SimPeer, cid: str) -> dict[str, Any]:
+        """The index key-values ``peer`` logged the message under (a delete's name its record's
+        protocol, path and context, which the message alone does not)."""
+        row = peer.store.conn.execute("SELECT indexes FROM events WHERE cid=? ORDER BY id DESC LIMIT 1",
+                                      (cid,)).fetchone()
+        return {} if row is None else dict(json.loads(row[0]))
 
     def _now(self, peer: SimPeer) -> str:
         return peer.clock.timestamp(peer.skew)
@@ -188,7 +213,8 @@ class Writer:
         if source is None:
             return None
         d = source["descriptor"]
-        if d.get("protocolPath") == "thread/participant" or d.get("protocol") == permissions.PERMISSIONS_PROTOCOL_URI:
+        if d.get("protocolPath") in ("thread/participant", "member") or \
+                d.get("protocol") == permissions.PERMISSIONS_PROTOCOL_URI:
             return None  # role and permission records are not edited in place here
         author = self._author(peer, source)
         if author is None:
@@ -218,9 +244,13 @@ class Writer:
 
     def _configure(self, peer: SimPeer) -> tuple[dict[str, Any], bytes | None, str]:
         version = self.rng.choice((1, 1, 2))
-        configure = ProtocolsConfigure.create(definition=chat_definition(version), signer=self.cast.alice,
-                                              message_timestamp=self._now(peer))
-        return configure.message, None, "alice"
+        member = self.rng.random() < 0.5 if self.members else None
+        return self.configure(peer, version, member), None, "alice"
+
+    def configure(self, peer: SimPeer, version: int, member: bool | None) -> dict[str, Any]:
+        """A ProtocolsConfigure of the chat protocol by alice, now on ``peer``."""
+        return ProtocolsConfigure.create(definition=chat_definition(version, member), signer=self.cast.alice,
+                                         message_timestamp=self._now(peer)).message
 
     def _thread(self, peer: SimPeer) -> tuple[dict[str, Any], bytes | None, str]:
         now, data = self._now(peer), self._data()
@@ -258,6 +288,13 @@ class Writer:
 
     def _prune(self, peer: SimPeer) -> tuple[dict[str, Any], bytes | None, str] | None:
         return self._delete(peer, prune=True)
+
+    def _member(self, peer: SimPeer) -> tuple[dict[str, Any], bytes | None, str]:
+        now = self._now(peer)
+        recipient = self.rng.choice((self.cast.bob, self.cast.carol))
+        write = RecordsWrite.create(signer=self.cast.alice, data=b"member", protocol=CHAT, protocol_path="member",
+                                    recipient=recipient.did, message_timestamp=now, date_created=now)
+        return write.message, b"member", "alice"
 
     def _grant(self, peer: SimPeer) -> tuple[dict[str, Any], bytes | None, str]:
         now = self._now(peer)

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from p2psync.dwn.encoding import message_cid
+from p2psync.dwn.protocols import ProtocolsConfigure
 from p2psync.dwn.records_write import RecordsWrite
 from p2psync.replication.checkpoint import Direction
 from p2psync.replication.tokens import ProgressToken
 from p2psync.sim.network import Link
 from p2psync.sim.simulation import SimConfig, Simulation, run_seed
-from p2psync.sim.writers import NOTE
+from p2psync.sim.world import SimPeer
+from p2psync.sim.writers import CHAT, NOTE, Authored, chat_definition
 
 
 def test_a_token_left_unapplied_whose_entry_left_the_log_does_not_hold_the_frontier(tmp_path: Path) -> None:
@@ -138,3 +142,55 @@ def test_what_only_archives_keep_is_served(tmp_path: Path, seed: int, peers: int
     config = SimConfig(peers=peers, steps=steps, topology=topology, ops="full")
     result = run_seed(seed, config, tmp_path)
     assert result.outcome == "converged", "\n".join([*map(str, result.findings), config.replay(seed)])
+
+
+@pytest.mark.xfail(strict=True, reason="a configure superseded at its origin before it was sent is never"
+                   " replicated, yet decides what is admitted between it and its successor")
+def test_a_configure_superseded_before_it_was_sent_still_decides_a_role_write(tmp_path: Path) -> None:
+    """Found by `--scopes mixed` (`--peers 4 --seed 33 --topology mesh --faults heavy`; with
+    global links, 2 peers, 120 steps, seed 12 of the member writers). p1 configures the chat
+    protocol with `member` a role (C2), writes bob's member record, and configures again (C3):
+    the reference drops C2 from p1's store and log, so no round ever lists it, and nothing
+    asks for it (p0 admits everything under C1, where `member` is a plain path). p0 wrote its
+    own member record for bob between C2 and p1's: in canonical order C2 makes p1's a
+    duplicate role recipient (p1, which archived C2, warps and supersedes it), while p0 holds
+    it. The replicas admitted different sets, and differ."""
+    sim = Simulation(1, SimConfig(peers=2, steps=0, topology="line"), tmp_path)
+    p0, p1 = sim.peers
+    alice, bob = sim.cast.alice, sim.cast.bob
+
+    def at(second: int) -> str:
+        return sim.clock.timestamp(second)
+
+    def accept(peer: SimPeer, message: dict[str, Any], data: bytes | None, op: str) -> None:
+        assert peer.dwn.process_message(sim.tenant, message, data).code == 202
+        cid = message_cid(message)  # remembered as the writers do: canonical is of these
+        sim.writer.authored[cid] = Authored(cid, message, data, peer.name, 0, op)
+
+    def configure(peer: SimPeer, second: int, member: bool) -> None:
+        accept(peer, ProtocolsConfigure.create(definition=chat_definition(1, member), signer=alice,
+                                               message_timestamp=at(second)).message, None, "configure")
+
+    def member(peer: SimPeer, second: int) -> None:
+        write = RecordsWrite.create(signer=alice, data=b"member", protocol=CHAT, protocol_path="member",
+                                    recipient=bob.did, message_timestamp=at(second), date_created=at(second))
+        accept(peer, write.message, b"member", "member")
+
+    configure(p0, 0, member=False)  # C1, on both
+    assert sim.quiesce()
+    configure(p1, 1, member=True)  # C2
+    member(p0, 2)  # under C1 on p0
+    member(p1, 3)  # under C2 on p1: bob's first role record there
+    configure(p1, 4, member=True)  # C3: C2 leaves p1's log
+    result = sim.finish(sim.quiesce())
+    assert result.outcome == "converged", [str(f) for f in result.findings]
+
+
+@pytest.mark.xfail(strict=True, reason="a push sink waits, one item after another, on claims a later listing"
+                   " can take over, and two such sinks wait on each other")
+def test_two_pushes_into_one_peer_do_not_wait_on_each_other(tmp_path: Path) -> None:
+    """Found by `--scopes mixed` (docs/simulator.md, *What it found*): p2 (subset `thread`)
+    is pushed to by p1 and p3; after the first pass their push sinks on p2 each hold a claim
+    the other waits for, and no round ends."""
+    result = run_seed(35, SimConfig(peers=4, topology="mesh", faults="heavy", scopes="mixed"), tmp_path)
+    assert not any(f.kind == "no_quiescence" for f in result.findings), [str(f) for f in result.findings]
