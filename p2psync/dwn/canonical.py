@@ -239,12 +239,14 @@ def archived_messages(
         return []
     if record_id is not None:
         rows = store.conn.execute(
-            "SELECT body, data, data_in FROM archive WHERE tenant=? AND record_id=? ORDER BY sort_key", (tid, record_id)
+            "SELECT body, data, data_in FROM archive INDEXED BY archive_record WHERE tenant=? AND record_id=?"
+            " ORDER BY sort_key", (tid, record_id)
         ).fetchall()
         return [(json.loads(str(body)), _kept_data(store, tid, data, record_id, data_in))
                 for body, data, data_in in rows]
     rows = store.conn.execute(
-        "SELECT body FROM archive WHERE tenant=? AND record_id IS NULL ORDER BY sort_key", (tid,)
+        "SELECT body FROM archive INDEXED BY archive_record WHERE tenant=? AND record_id IS NULL ORDER BY sort_key",
+        (tid,)
     ).fetchall()
     out: list[tuple[Message, bytes | None]] = []
     for (body,) in rows:
@@ -523,7 +525,7 @@ class History:
         if row is None or row[0] >= key:
             return None
         later = conn.execute(
-            "SELECT 1 FROM archive WHERE tenant=? AND record_id=? AND sort_key>? LIMIT 1", (tid, record_id, row[0])
+            _LATER_OF_RECORD_SQL, (tid, record_id, row[0])
         ).fetchone()
         return None if later else str(row[0])
 
@@ -968,8 +970,7 @@ class History:
     def _has_later(self, tid: int, row: _Row) -> bool:
         return (
             self.store.conn.execute(
-                "SELECT 1 FROM archive WHERE tenant=? AND record_id=? AND sort_key>? LIMIT 1",
-                (tid, row.record_id, row.key),
+                _LATER_OF_RECORD_SQL, (tid, row.record_id, row.key),
             ).fetchone()
             is not None
         )
@@ -1009,7 +1010,13 @@ _MAX_DATA_SIZE_ENCODED: Final = 30_000
 
 
 # The archive rows of a record from a sort key on (the rows its own footprint keys name).
-_OWN_ROWS_SQL: Final = "SELECT sort_key, id, touch FROM archive WHERE tenant=? AND record_id=? AND sort_key>=?"
+# A record's rows by its index (schema 9: without the sort key, which is filtered in the table).
+_OWN_ROWS_SQL: Final = (
+    "SELECT sort_key, id, touch FROM archive INDEXED BY archive_record WHERE tenant=? AND record_id=? AND sort_key>=?"
+)
+_LATER_OF_RECORD_SQL: Final = (
+    "SELECT 1 FROM archive INDEXED BY archive_record WHERE tenant=? AND record_id=? AND sort_key>? LIMIT 1"
+)
 
 
 def _own_keys(record_id: str | None) -> tuple[str, ...]:
