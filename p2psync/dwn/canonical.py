@@ -239,14 +239,12 @@ def archived_messages(
         return []
     if record_id is not None:
         rows = store.conn.execute(
-            "SELECT body, data, data_in FROM archive INDEXED BY archive_record WHERE tenant=? AND record_id=?"
-            " ORDER BY sort_key", (tid, record_id)
+            "SELECT body, data, data_in FROM archive WHERE tenant=? AND record_id=? ORDER BY sort_key", (tid, record_id)
         ).fetchall()
         return [(json.loads(str(body)), _kept_data(store, tid, data, record_id, data_in))
                 for body, data, data_in in rows]
     rows = store.conn.execute(
-        "SELECT body FROM archive INDEXED BY archive_record WHERE tenant=? AND record_id IS NULL ORDER BY sort_key",
-        (tid,)
+        "SELECT body FROM archive WHERE tenant=? AND record_id IS NULL ORDER BY sort_key", (tid,)
     ).fetchall()
     out: list[tuple[Message, bytes | None]] = []
     for (body,) in rows:
@@ -516,18 +514,15 @@ class History:
         first later message (so the initial write must now be processed with data withheld)."""
         if record_id is None:
             return None
-        conn = self.store.conn
-        row = conn.execute(
-            "SELECT sort_key FROM archive WHERE tenant=? AND record_id=? AND initial=1 AND data IS NULL"
-            " AND data_in IS NULL",
+        # Such an initial write is the record's last archived row: one seek down the record's
+        # index from its end. Looking for the data-less initial write among the record's rows
+        # read every one of them, 500 us an update of a record 2,000 updates long (measured).
+        row = self.store.conn.execute(
+            "SELECT sort_key, initial = 1 AND data IS NULL AND data_in IS NULL FROM archive"
+            " WHERE tenant=? AND record_id=? ORDER BY sort_key DESC LIMIT 1",
             (tid, record_id),
         ).fetchone()
-        if row is None or row[0] >= key:
-            return None
-        later = conn.execute(
-            _LATER_OF_RECORD_SQL, (tid, record_id, row[0])
-        ).fetchone()
-        return None if later else str(row[0])
+        return None if row is None or not row[1] or row[0] >= key else str(row[0])
 
     def _warp_start(self, tenant: str, key: str, record_id: str | None) -> str:
         withheld = self._withheld_initial(self.store._tid(tenant), record_id, key)
@@ -970,7 +965,8 @@ class History:
     def _has_later(self, tid: int, row: _Row) -> bool:
         return (
             self.store.conn.execute(
-                _LATER_OF_RECORD_SQL, (tid, row.record_id, row.key),
+                "SELECT 1 FROM archive WHERE tenant=? AND record_id=? AND sort_key>? LIMIT 1",
+                (tid, row.record_id, row.key),
             ).fetchone()
             is not None
         )
@@ -1010,13 +1006,7 @@ _MAX_DATA_SIZE_ENCODED: Final = 30_000
 
 
 # The archive rows of a record from a sort key on (the rows its own footprint keys name).
-# A record's rows by its index (schema 9: without the sort key, which is filtered in the table).
-_OWN_ROWS_SQL: Final = (
-    "SELECT sort_key, id, touch FROM archive INDEXED BY archive_record WHERE tenant=? AND record_id=? AND sort_key>=?"
-)
-_LATER_OF_RECORD_SQL: Final = (
-    "SELECT 1 FROM archive INDEXED BY archive_record WHERE tenant=? AND record_id=? AND sort_key>? LIMIT 1"
-)
+_OWN_ROWS_SQL: Final = "SELECT sort_key, id, touch FROM archive WHERE tenant=? AND record_id=? AND sort_key>=?"
 
 
 def _own_keys(record_id: str | None) -> tuple[str, ...]:

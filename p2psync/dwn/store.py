@@ -24,7 +24,7 @@ from p2psync.dwn import memo as _memo
 from p2psync.dwn.encoding import json_compact, message_cid
 from p2psync.dwn.errors import DwnError
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 8
 
 # Checkpoint the WAL every ~40 MB rather than the default ~4 MB: each checkpoint syncs the
 # database file, and with a dozen pages per commit the default checkpoints every ~80 commits.
@@ -33,12 +33,11 @@ WAL_AUTOCHECKPOINT_PAGES = 10_000
 #: Each store's page cache (SQLite's default is 2 MiB). An admitted message inserts into five
 #: indexes keyed by a random CID or record id (messages_cid, messages_record, events_cid,
 #: archive_cid, archive_record: 5.9 of the 8.4 pages a message dirtied at 16,000 stored, in
-#: commits of 64; 7.3 of 9.9 at 90,000 with schema 9), so a write touches leaves all over them,
-#: and those indexes outgrow 2 MiB by ~4,000 stored (~500 pages per 10,000 messages each).
-#: Past that most inserts read their leaf back from the OS: 18.5 reads (74 KB) a message at
-#: 18,000 stored with 2 MiB, 4.8 with 16 MiB, system CPU 83-94 -> 64-71 us a message between
-#: 10,000 and 20,000 stored (issue #17; the cache grows only as pages are used, and holds the
-#: hot indexes of ~30,000 messages).
+#: commits of 64), so a write touches leaves all over them, and those indexes outgrow 2 MiB by
+#: ~4,000 stored (~500 pages per 10,000 messages each). Past that most inserts read their leaf
+#: back from the OS: 18.5 reads (74 KB) a message at 18,000 stored with 2 MiB, 4.8 with 16 MiB,
+#: system CPU 83-94 -> 64-71 us a message between 10,000 and 20,000 stored (issue #17; the
+#: cache grows only as pages are used, and holds the hot indexes of ~30,000 messages).
 CACHE_KIB = 16_384
 
 # Index properties kept as columns too, so a filter narrows in SQL by every one it names
@@ -334,18 +333,6 @@ _MIGRATIONS: dict[int, str] = {
     # form than it was hashed): readers fall back to the JSON.
     8: """
     ALTER TABLE messages ADD COLUMN wire BLOB;
-    """,
-    # The archive's record index without the sort key (issue #17): (tenant, record_id,
-    # sort_key) made entries of ~150 bytes, twice a CID index's, so its tree had twice the
-    # leaves and interior pages, and a commit of 64 messages dirtied 1.95 of its pages a
-    # message at 90,000 stored (1.50 at 8,000) where a CID index dirties 1.46: each random
-    # insert writes a leaf, and once the tree is large, an interior page of its own too.
-    # A record has few archived messages: its queries read them all and order or filter them
-    # by sort key in the table (`INDEXED BY archive_record`, canonical.py: with no statistics
-    # SQLite would rather walk archive_key over every later message of the tenant).
-    9: """
-    DROP INDEX IF EXISTS archive_record;
-    CREATE INDEX archive_record ON archive(tenant, record_id);
     """,
 }
 

@@ -121,8 +121,7 @@ class _Archived:
 
 def _archived(store: Store, tid: int, record_id: str) -> list[_Archived]:
     rows = store.conn.execute(
-        "SELECT cid, stored_cid, initial, accepted, body FROM archive INDEXED BY archive_record"
-        " WHERE tenant=? AND record_id=? ORDER BY sort_key",
+        "SELECT cid, stored_cid, initial, accepted, body FROM archive WHERE tenant=? AND record_id=? ORDER BY sort_key",
         (tid, record_id),
     ).fetchall()
     return [_Archived(str(c), str(s), bool(i), bool(a), json.loads(str(b))) for c, s, i, a, b in rows]
