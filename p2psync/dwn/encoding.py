@@ -80,6 +80,16 @@ def b64url_decode(text: str) -> bytes:
         raise DwnError("Base64UrlInvalid", str(exc), 400) from exc
 
 
+def data_b64url(data: bytes) -> str:
+    """``b64url_encode(data)``: the text the data came in when the message being processed
+    recorded it (:attr:`~p2psync.dwn.memo.MessageMemo.data_text`), saving ~4 µs a 1 KiB record."""
+    held = _memo.current()
+    known = held.data_text if held is not None else None
+    if known is not None and known[0] is data:
+        return known[1]
+    return b64url_encode(data)
+
+
 def b64url_json(text: str) -> Any:
     """Decode base64url, then parse the bytes as JSON (the JWS payload and header form)."""
     raw = b64url_decode(text)
@@ -118,20 +128,40 @@ def _in_dag_cbor_order(value: Any) -> bool:
     leaves the answer to :func:`_reordered`)."""
     kind = type(value)
     if kind is dict:
-        length, previous = -1, ""
-        for key, member in value.items():
-            if type(key) is not str or not key.isascii():
-                return False
-            n = len(key)
-            if n < length or (n == length and key <= previous):
-                return False
-            length, previous = n, key
+        keys = tuple(value)
+        in_order = _keys_in_order.get(keys)
+        if in_order is None:
+            in_order = _judge_key_order(keys)
+        if not in_order:
+            return False
+        for member in value.values():
             if (type(member) is dict or type(member) is list) and not _in_dag_cbor_order(member):
                 return False
         return True
     if kind is list:
         return all(_in_dag_cbor_order(member) for member in value if type(member) is dict or type(member) is list)
     return True
+
+
+# Whether a map's keys, in insertion order, are in DAG-CBOR order: messages of one kind repeat
+# the same few key sets, so each is judged once (a lookup instead of a loop a map; bounded).
+_keys_in_order: dict[tuple[Any, ...], bool] = {}
+
+
+def _judge_key_order(keys: tuple[Any, ...]) -> bool:
+    length, previous, in_order = -1, "", True
+    for key in keys:
+        if type(key) is not str or not key.isascii():
+            in_order = False
+            break
+        n = len(key)
+        if n < length or (n == length and key <= previous):
+            in_order = False
+            break
+        length, previous = n, key
+    if len(_keys_in_order) < _KEY_ORDER_CACHE_MAX:
+        _keys_in_order[keys] = in_order
+    return in_order
 
 
 def _reordered(value: Any) -> Any:
