@@ -23,7 +23,7 @@ from typing import IO, Any, Final
 import apsw
 
 from p2psync.dwn import memo
-from p2psync.dwn.encoding import b64url_decode, in_dag_cbor_order, message_cid
+from p2psync.dwn.encoding import b64url_decode, compact_json_encoder, in_dag_cbor_order, message_cid
 from p2psync.dwn.engine import Dwn
 from p2psync.dwn.errors import DwnError
 from p2psync.dwn.replicated import apply_replicated_message_json
@@ -42,7 +42,7 @@ _JS_MAX_SAFE_INTEGER = 2**53 - 1
 PIPE_BATCH_MAX: Final = 256
 
 # Replies are written as json.dumps(reply, separators=(",", ":")) writes them; built once.
-_REPLY_ENCODER: Final = json.JSONEncoder(separators=(",", ":"))
+_encode_reply: Final = compact_json_encoder(ensure_ascii=True, allow_nan=True)
 
 
 def _parse_int(text: str) -> int | float:
@@ -151,7 +151,7 @@ def run_pipe(store_path: str, stdin: IO[str] | None = None, stdout: IO[str] | No
     try:
         for batch in _waiting_lines(stdin, PIPE_BATCH_MAX):
             replies = _handle_batch(session, batch)
-            stdout.write("".join(_REPLY_ENCODER.encode(reply) + "\n" for reply in replies))
+            stdout.write("".join(_encode_reply(reply) + "\n" for reply in replies))
             stdout.flush()
     finally:
         dwn.close()
