@@ -17,7 +17,7 @@ import pytest
 from p2psync.dwn.did import Identity
 from p2psync.dwn.encoding import b64url_encode, message_cid
 from p2psync.dwn.engine import Dwn
-from p2psync.dwn.pipe import PipeSession, _handle_batch, parse_json_line, run_pipe
+from p2psync.dwn.pipe import PIPE_BATCH_MAX, PipeSession, _handle_batch, parse_json_line, run_pipe
 from p2psync.dwn.records import ALL_RECORDS_FILTER, create_records_query, create_records_read
 from p2psync.dwn.records_write import RecordsWrite
 from p2psync.dwn.store import Store
@@ -182,7 +182,7 @@ class _CheckingOut(io.StringIO):
 
 
 def test_replies_leave_after_their_commit(tmp_path: Path, alice: Identity) -> None:
-    lines = _write_lines(alice, 150)  # more than one batch
+    lines = _write_lines(alice, PIPE_BATCH_MAX + 50)  # more than one batch
     out = _CheckingOut(tmp_path / "pipe.db")
     assert run_pipe(str(tmp_path / "pipe.db"), io.StringIO("".join(x + "\n" for x in lines)), out) == 0
     replies = [json.loads(x) for x in out.getvalue().splitlines()]
