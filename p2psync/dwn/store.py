@@ -470,7 +470,7 @@ _BUSY_POLL_MAX: Final = 0.005
 # A nested scope's savepoint. One name at every depth: RELEASE and ROLLBACK TO act on the
 # innermost savepoint of that name, which is the scope's own as scopes nest. Run as cached
 # statements: apsw's ``with connection:`` runs its uniquely named SAVEPOINT and RELEASE
-# through sqlite3_exec, parsing them again each time (three scopes a write: ~1.5% of the
+# through sqlite3_exec, parsing them again each time (three scopes a write: ~1% of the
 # pipe's instructions, issue #17).
 _SAVEPOINT: Final = "SAVEPOINT p2psync_scope"
 _RELEASE: Final = "RELEASE p2psync_scope"
