@@ -26,7 +26,7 @@ class MessageMemo:
     """Facts about one message object; each is None until someone derived it."""
 
     __slots__ = ("message", "cid", "encoded", "json", "descriptor_encoding", "payload", "data", "data_cid",
-                 "in_order")
+                 "data_text", "in_order")
 
     def __init__(self, message: Any, cid: str | None) -> None:
         self.message = message
@@ -42,6 +42,10 @@ class MessageMemo:
         # the record data that came with the message, and its dataCid
         self.data: bytes | None = None
         self.data_cid: str | None = None
+        # (the record data, its base64url text) when the caller decoded that data from that text
+        # with the strict decoder, which accepts only the one canonical text of any bytes:
+        # encoding the data again gives the same text (the pipe's `data` member)
+        self.data_text: tuple[bytes, str] | None = None
         # every map of the message is in DAG-CBOR key order (encoding.in_dag_cbor_order)
         self.in_order = False
 

@@ -23,7 +23,7 @@ from typing import IO, Any, Final
 import apsw
 
 from p2psync.dwn import memo
-from p2psync.dwn.encoding import b64url_decode, in_dag_cbor_order, message_cid
+from p2psync.dwn.encoding import b64url_decode, compact_json_encoder, in_dag_cbor_order, message_cid
 from p2psync.dwn.engine import Dwn
 from p2psync.dwn.errors import DwnError
 from p2psync.dwn.replicated import apply_replicated_message_json
@@ -36,13 +36,14 @@ _JS_MAX_SAFE_INTEGER = 2**53 - 1
 #: each index keyed by a random CID dirties about one page a write until a batch is as large as
 #: the index has leaves. With an 8 MiB page cache (the store's :data:`~p2psync.dwn.store.CACHE_KIB`
 #: is larger), 10,000 1 KiB writes in a row wrote 28.6 KiB a write to the WAL in 11.6 write
-#: calls at 256, 39.4 KiB in 16.8 at 64 (issue #17). A full
-#: batch holds the store's write lock ~0.1 s, well under another writer's busy timeout
+#: calls at 256, 39.4 KiB in 16.8 at 64 (issue #17); with the store's 16 MiB cache, 11.6
+#: write calls a write at 256, 9.7 at 512, 8.5 at 1,024 (-6 µs system CPU a write at 512). A
+#: full batch holds the store's write lock ~0.2 s, well under another writer's busy timeout
 #: (p2psync/dwn/store.py); the node's committer keeps its own 64.
-PIPE_BATCH_MAX: Final = 256
+PIPE_BATCH_MAX: Final = 512
 
 # Replies are written as json.dumps(reply, separators=(",", ":")) writes them; built once.
-_REPLY_ENCODER: Final = json.JSONEncoder(separators=(",", ":"))
+_encode_reply: Final = compact_json_encoder(ensure_ascii=True, allow_nan=True)
 
 
 def _parse_int(text: str) -> int | float:
@@ -109,9 +110,9 @@ class PipeSession:
         # The engine derives the same CID again: keep it for the length of this request.
         with memo.processing(message) as held:
             held.in_order = True  # the engine need not check the order again
-            return self._handle(request, message)
+            return self._handle(request, message, held)
 
-    def _handle(self, request: dict[str, Any], message: Any) -> dict[str, Any]:
+    def _handle(self, request: dict[str, Any], message: Any, held: memo.MessageMemo) -> dict[str, Any]:
         cid = _safe_cid(message)
         op, tenant = request.get("op"), request.get("tenant")
         if op not in ("process", "query", "apply"):
@@ -124,6 +125,7 @@ class PipeSession:
                 data = b64url_decode(request["data"])
             except DwnError as exc:
                 return {"cid": cid, "status": _status(400, f"PipeRequestInvalid: data: {exc}")}
+            held.data_text = (data, request["data"])  # the engine's encodedData is this text
         if op == "apply":
             if self.apply is None:
                 return {"cid": cid, "status": _status(400, "PipeRequestInvalid: apply is not supported")}
@@ -150,7 +152,7 @@ def run_pipe(store_path: str, stdin: IO[str] | None = None, stdout: IO[str] | No
     try:
         for batch in _waiting_lines(stdin, PIPE_BATCH_MAX):
             replies = _handle_batch(session, batch)
-            stdout.write("".join(_REPLY_ENCODER.encode(reply) + "\n" for reply in replies))
+            stdout.write("".join(_encode_reply(reply) + "\n" for reply in replies))
             stdout.flush()
     finally:
         dwn.close()
@@ -206,14 +208,21 @@ def _waiting_lines(lines: Iterable[str], limit: int) -> Iterator[list[str]]:
     """``lines`` in order, as lists: the next line, then the ones already read behind it.
 
     A thread reads ahead (at most ``2 * limit`` lines) so that the pipe can tell which
-    requests are already waiting without blocking on its input.
+    requests are already waiting without blocking on its input. The hand-over is two C-level
+    ``SimpleQueue``s, the lines and the reader's credits (one a line it may read ahead): a
+    ``queue.Queue``'s Python-level locks and notifications cost ~3 µs of the two threads' CPU
+    a line (issue #17).
     """
-    ahead: queue.Queue[object] = queue.Queue(maxsize=2 * limit)
+    ahead: queue.SimpleQueue[object] = queue.SimpleQueue()
+    credits: queue.SimpleQueue[None] = queue.SimpleQueue()
+    for _ in range(2 * limit):
+        credits.put(None)
 
     def read() -> None:
         try:
             for line in lines:
                 ahead.put(line)
+                credits.get()
         except BaseException as exc:  # handed to the reader of the batches, raised there
             ahead.put(_ReadFailed(exc))
         else:
@@ -225,6 +234,7 @@ def _waiting_lines(lines: Iterable[str], limit: int) -> Iterator[list[str]]:
         batch: list[str] = []
         while isinstance(item, str):
             batch.append(item)
+            credits.put(None)
             if len(batch) == limit:
                 break
             try:

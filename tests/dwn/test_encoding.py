@@ -4,6 +4,7 @@ and CIDs of the general path; base32 and base64url match RFC 4648."""
 from __future__ import annotations
 
 import base64
+import json
 from typing import Any
 
 import dag_cbor
@@ -17,8 +18,10 @@ from p2psync.dwn.encoding import (
     b64url_decode,
     b64url_encode,
     base32_multibase,
+    compact_json_encoder,
     compute_cid,
     dag_cbor_encode,
+    json_compact,
     message_cid,
 )
 from p2psync.dwn.errors import DwnError
@@ -188,3 +191,23 @@ def test_in_dag_cbor_order_sorts_shorter_keys_first_and_leaves_non_json_maps_alo
     assert list(encoding.in_dag_cbor_order({"bb": 1, "a": 2, "ab": 3})) == ["a", "ab", "bb"]
     odd = {1: "x", "a": "y"}
     assert encoding.in_dag_cbor_order(odd) is odd
+
+
+_JSON_LEAVES = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=6))
+
+
+@given(st.recursive(_JSON_LEAVES, lambda inner: st.one_of(
+    st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=5)), max_leaves=20))
+@settings(max_examples=300)
+def test_the_compact_encoders_write_what_json_dumps_writes(value: Any) -> None:
+    """The C encoder built once writes json.dumps' text, and refuses what it refuses (NaN)."""
+    for ensure_ascii, allow_nan, encode in ((False, False, json_compact),
+                                            (True, True, compact_json_encoder(ensure_ascii=True, allow_nan=True))):
+        try:
+            expected = json.dumps(value, separators=(",", ":"), ensure_ascii=ensure_ascii, allow_nan=allow_nan)
+        except ValueError:
+            with pytest.raises(ValueError):
+                encode(value)
+        else:
+            assert encode(value) == expected
+    assert json_compact("x\n\u00e9") == '"x\\n\u00e9"'

@@ -3,6 +3,7 @@ that share a commit answer as they would alone, and no reply leaves before its c
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import subprocess
@@ -16,7 +17,7 @@ import pytest
 from p2psync.dwn.did import Identity
 from p2psync.dwn.encoding import b64url_encode, message_cid
 from p2psync.dwn.engine import Dwn
-from p2psync.dwn.pipe import PipeSession, _handle_batch, parse_json_line, run_pipe
+from p2psync.dwn.pipe import PIPE_BATCH_MAX, PipeSession, _handle_batch, parse_json_line, run_pipe
 from p2psync.dwn.records import ALL_RECORDS_FILTER, create_records_query, create_records_read
 from p2psync.dwn.records_write import RecordsWrite
 from p2psync.dwn.store import Store
@@ -181,7 +182,7 @@ class _CheckingOut(io.StringIO):
 
 
 def test_replies_leave_after_their_commit(tmp_path: Path, alice: Identity) -> None:
-    lines = _write_lines(alice, 150)  # more than one batch
+    lines = _write_lines(alice, PIPE_BATCH_MAX + 50)  # more than one batch
     out = _CheckingOut(tmp_path / "pipe.db")
     assert run_pipe(str(tmp_path / "pipe.db"), io.StringIO("".join(x + "\n" for x in lines)), out) == 0
     replies = [json.loads(x) for x in out.getvalue().splitlines()]
@@ -199,3 +200,26 @@ def test_a_failing_input_ends_the_pipe_after_the_replies_before_it(tmp_path: Pat
     with pytest.raises(UnicodeDecodeError):
         run_pipe(str(tmp_path / "pipe.db"), lines(), out)  # type: ignore[arg-type]
     assert [json.loads(x)["status"]["code"] for x in out.getvalue().splitlines()] == [202, 202]
+
+
+def test_the_pipe_stores_what_the_engine_alone_stores(tmp_path: Path, alice: Identity) -> None:
+    # The pipe hands the engine its request's base64url text for encodedData (memo.data_text)
+    # instead of encoding the data again: the rows must be the engine's own, byte for byte.
+    lines = _write_lines(alice, 3)
+    _run(tmp_path, lines)
+    alone = Dwn(Store(tmp_path / "alone.db"))
+    for line in lines:
+        request = json.loads(line)
+        data = base64.urlsafe_b64decode(request["data"] + "=" * (-len(request["data"]) % 4))
+        assert alone.process_message(alice.did, request["message"], data).code == 202
+
+    def rows(store: Store) -> list[tuple[object, ...]]:
+        return store.conn.execute("SELECT cid, body, indexes, wire FROM messages ORDER BY cid").fetchall()
+
+    piped = Store(tmp_path / "pipe.db")
+    assert rows(piped) == rows(alone.store)
+    assert all(json.loads(body)["encodedData"] == json.loads(line)["data"]
+               for (_, body, _, _), line in zip(rows(piped), sorted(lines, key=lambda x: message_cid(
+                   json.loads(x)["message"])), strict=True))
+    piped.close()
+    alone.close()

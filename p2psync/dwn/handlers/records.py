@@ -12,7 +12,7 @@ from typing import Any
 from p2psync.dwn import grant_authorization, permissions, protocol_authorization, records_util
 from p2psync.dwn.authentication import authenticate
 from p2psync.dwn.datacid import data_cid as compute_data_cid
-from p2psync.dwn.encoding import b64url_decode, b64url_encode, json_compact, message_cid, message_json
+from p2psync.dwn.encoding import b64url_decode, data_b64url, json_compact, message_cid, message_json
 from p2psync.dwn.errors import DwnError
 from p2psync.dwn.generic_message import (
     GenericMessage,
@@ -258,7 +258,7 @@ def _process_with_data(store: Store, tenant: str, message: Message, data: bytes)
         _validate_data_integrity(d["dataCid"], d["dataSize"], actual_cid, len(data))
         if d.get("protocol") == permissions.PERMISSIONS_PROTOCOL_URI:
             permissions.validate_schema(message, data)
-        return {**message, "encodedData": b64url_encode(data)}
+        return {**message, "encodedData": data_b64url(data)}
     # Large data: validated before it is kept, so a mismatch leaves nothing behind.
     _validate_data_integrity(d["dataCid"], d["dataSize"], actual_cid, len(data))
     store.data.put(tenant, message["recordId"], d["dataCid"], data)
