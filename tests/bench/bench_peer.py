@@ -377,13 +377,36 @@ def verify_rates(n: int = 2000) -> tuple[float, float]:
     return n / (time.process_time() - cpu), n / (time.perf_counter() - wall)
 
 
-def yardstick() -> tuple[float, float]:
-    """(V, the wall-clock rate): V is Ed25519 verifies per CPU second on one core with
-    ``cryptography``, best of three short passes. Per CPU second, because a busy neighbour
-    takes wall-clock time from the loop and would make every ratio look better than it is; on
-    a quiet machine the two agree."""
-    passes = [verify_rates() for _ in range(3)]
-    return max(p[0] for p in passes), max(p[1] for p in passes)
+def yardstick() -> tuple[float, float, dict[int, float]]:
+    """(V, the wall-clock rate, V of each core): V is Ed25519 verifies per CPU second on one
+    core with ``cryptography``, best of three short passes on each core this process may run
+    on (pinned there in turn), averaged over the cores. Per CPU second, because a busy
+    neighbour takes wall-clock time from the loop and would make every ratio look better than
+    it is; on a quiet machine the two agree. Each core, because the bench's two processes use
+    both, and the cores of a virtual machine need not run at one speed: on 2026-11-25 one
+    measured 8,900-9,700 while the other measured 6,500-7,300, and V taken on whichever core the
+    scheduler picked moved every ratio by a third between two runs."""
+    cores = sorted(os.sched_getaffinity(0))
+    per_core: dict[int, tuple[float, float]] = {}
+    try:
+        for core in cores:
+            os.sched_setaffinity(0, {core})
+            passes = [verify_rates() for _ in range(3)]
+            per_core[core] = (max(p[0] for p in passes), max(p[1] for p in passes))
+    finally:
+        os.sched_setaffinity(0, cores)
+    v = sum(cpu for cpu, _ in per_core.values()) / len(per_core)
+    wall = sum(w for _, w in per_core.values()) / len(per_core)
+    return v, wall, {core: cpu for core, (cpu, _) in per_core.items()}
+
+
+def describe_cores(per_core: dict[int, float]) -> str:
+    """The cores' own V, and a warning when they differ by more than 10%."""
+    text = ", ".join(f"core {core} {v:,.0f}" for core, v in per_core.items())
+    spread = max(per_core.values()) / min(per_core.values()) - 1
+    if spread > 0.10:
+        text += f"; the cores differ by {spread:.0%}: the ratios are that uncertain"
+    return text
 
 
 # -- flatness ---------------------------------------------------------------------------------
@@ -601,10 +624,10 @@ def main() -> None:
         fold_journal(big, args.big_count)
     work = cache / "work"
     work.mkdir(exist_ok=True)
-    v, v_wall = yardstick()
+    v, v_wall, per_core = yardstick()
     print(f"two processes over loopback{' with TLS' if args.tls else ''}; {os.cpu_count()} CPUs; "
           f"load average {os.getloadavg()[0]:.1f}; yardstick V = {v:,.0f} Ed25519 verifies per CPU second on "
-          f"one core (cryptography), measured now ({v_wall:,.0f} per wall-clock second)")
+          f"one core (cryptography), measured now ({v_wall:,.0f} per wall-clock second; {describe_cores(per_core)})")
     size = f"{args.count:,} x {args.size} B"
     rows: list[Row] = []
     pull_rate = None
@@ -695,10 +718,10 @@ def main() -> None:
                   + "".join(f"\n  {b}" for b in beside))
             rows.append(Row(f"reference DWN, same first {n:,} messages (for comparison)",
                             f"{rate / v:.4f} V ({rate:,.0f}/s)", "—", None))
-    v_end, v_end_wall = yardstick()
+    v_end, v_end_wall, per_core_end = yardstick()
     print(f"yardstick V at the end: {v_end:,.0f} verifies per CPU second ({v_end / v - 1:+.0%} from the start; "
-          f"the ratios above use the start's V), {v_end_wall:,.0f} per wall-clock second; "
-          f"load average {os.getloadavg()[0]:.1f}")
+          f"the ratios above use the start's V), {v_end_wall:,.0f} per wall-clock second "
+          f"({describe_cores(per_core_end)}); load average {os.getloadavg()[0]:.1f}")
     rows += [Row("record bodies sent per message, 4-node mesh", "—", "<= 3.3", None),
              Row("bodies received per message, returning device", "—", "1", None)]
     print("\nissue #17, quiet machine targets (* measured below the issue's size: indicative only; "
