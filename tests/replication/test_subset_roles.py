@@ -133,14 +133,20 @@ def _same_answers(club_: Club, source: Store, replica: Store) -> list[tuple[int,
 SCOPE = SyncScope.subset(CLUB, ["thread"])
 
 
+def _first_pull(tmp_path: Path, seed: int, **connect_options: Any) -> tuple[Club, str]:
+    """A club under version 1 and a replica that pulled it once (the subset scope); returns
+    the club and its tenant, with both stores closed."""
+    club_ = Club(tmp_path / "source.db")
+    source, replica, wire, _ = connect(club_.path, tmp_path / "replica.db", seed, **connect_options)
+    pull(replica, wire, club_.alice.did, SCOPE)
+    _close(source, replica)
+    return club_, club_.alice.did
+
+
 def test_a_reconfigure_that_makes_a_path_a_role_brings_the_records_there(tmp_path: Path) -> None:
     """The members written before version 2 come with its configure; erin's deleted one comes
     with its delete, so she is refused on both sides."""
-    club_ = Club(tmp_path / "source.db")
-    tenant = club_.alice.did
-    source, replica, wire, _ = connect(club_.path, tmp_path / "replica.db", 1)
-    pull(replica, wire, tenant, SCOPE)
-    _close(source, replica)
+    club_, tenant = _first_pull(tmp_path, 1)
 
     club_.become_roles()
     source, replica, wire, _ = connect(club_.path, tmp_path / "replica.db", 2)
@@ -157,11 +163,7 @@ def test_role_records_come_page_by_page(tmp_path: Path, monkeypatch: pytest.Monk
     """With room for two entries an answer, each page holds one record (an initial write and
     its delete are one record's) and names the next; the replica still ends as the source."""
     monkeypatch.setattr(protocol, "MAX_ENTRIES_PER_REF", 2)
-    club_ = Club(tmp_path / "source.db")
-    tenant = club_.alice.did
-    source, replica, wire, _ = connect(club_.path, tmp_path / "replica.db", 8)
-    pull(replica, wire, tenant, SCOPE)
-    _close(source, replica)
+    club_, tenant = _first_pull(tmp_path, 8)
 
     club_.become_roles()
     source, replica, wire, _ = connect(club_.path, tmp_path / "replica.db", 9)
@@ -189,11 +191,7 @@ def test_an_older_source_is_not_asked_and_refuses_the_ref_if_it_is(tmp_path: Pat
     """A source whose hello does not offer `roleRecords` is never asked: the round completes
     and the link goes live, with the divergence this closes left as it was. Asked anyway, it
     refuses the whole request with a typed error."""
-    club_ = Club(tmp_path / "source.db")
-    tenant = club_.alice.did
-    source, replica, wire, _ = connect(club_.path, tmp_path / "replica.db", 10, source_offers=(REVS,))
-    pull(replica, wire, tenant, SCOPE)
-    _close(source, replica)
+    club_, tenant = _first_pull(tmp_path, 10, source_offers=(REVS,))
 
     club_.become_roles()
     source, replica, wire, _ = connect(club_.path, tmp_path / "replica.db", 11, source_offers=(REVS,))
@@ -212,11 +210,7 @@ def test_an_older_source_is_not_asked_and_refuses_the_ref_if_it_is(tmp_path: Pat
 def test_a_configure_held_already_still_brings_the_role_records(tmp_path: Path) -> None:
     """The replica got version 2 from another peer first: the source lists it as held (a
     `changes` item the sink would answer 304), and the role records must come all the same."""
-    club_ = Club(tmp_path / "source.db")
-    tenant = club_.alice.did
-    source, replica, wire, _ = connect(club_.path, tmp_path / "replica.db", 3)
-    pull(replica, wire, tenant, SCOPE)
-    _close(source, replica)
+    club_, tenant = _first_pull(tmp_path, 3)
 
     configure = club_.become_roles()
     elsewhere = Dwn(Store(tmp_path / "replica.db"))
@@ -232,11 +226,7 @@ def test_a_round_cut_between_the_configure_and_its_role_records_loses_nothing(tm
     """The source fails to answer the role records: the configure is applied, its token stays
     unsettled (the link repairing, the checkpoint before it), and the next round, finding the
     configure held, fetches them."""
-    club_ = Club(tmp_path / "source.db")
-    tenant = club_.alice.did
-    source, replica, wire, _ = connect(club_.path, tmp_path / "replica.db", 5)
-    pull(replica, wire, tenant, SCOPE)
-    _close(source, replica)
+    club_, tenant = _first_pull(tmp_path, 5)
     configure = club_.become_roles()
 
     source, replica, wire, _ = connect(club_.path, tmp_path / "replica.db", 6)
@@ -299,11 +289,7 @@ def test_a_subset_push_brings_the_role_records_too(tmp_path: Path) -> None:
 def test_a_source_that_pages_backwards_leaves_the_configure_unsettled(tmp_path: Path) -> None:
     """A `next` that does not pass `after` could page forever: the sink refuses it, and the
     configure waits for a round with a sane source."""
-    club_ = Club(tmp_path / "source.db")
-    tenant = club_.alice.did
-    source, replica, wire, _ = connect(club_.path, tmp_path / "replica.db", 13)
-    pull(replica, wire, tenant, SCOPE)
-    _close(source, replica)
+    club_, tenant = _first_pull(tmp_path, 13)
     club_.become_roles()
 
     source, replica, wire, _ = connect(club_.path, tmp_path / "replica.db", 14)
