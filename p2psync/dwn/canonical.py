@@ -54,7 +54,7 @@ from p2psync.dwn.errors import DwnError
 from p2psync.dwn.generic_message import get_author
 from p2psync.dwn.jws import decode_payload
 from p2psync.dwn.permissions import PERMISSIONS_PROTOCOL_URI
-from p2psync.dwn.protocols import fetch_all_role_paths
+from p2psync.dwn.protocols import ProtocolsConfigure, fetch_all_role_paths
 from p2psync.dwn.records_write import is_initial_write
 from p2psync.dwn.reply import Reply
 from p2psync.dwn.store import Store
@@ -972,23 +972,70 @@ class History:
         )
 
     def _reconcile_log(self, tenant: str, tid: int, stored_cids: Iterable[str]) -> None:
-        """One event-log entry per stored message, positions of messages still stored kept."""
+        """One event-log entry per stored message, and per superseded definition accepted at
+        its place (:func:`superseded_definitions`); positions of those already listed kept."""
         conn, events = self.store.conn, self.store.events
         newly: list[tuple[str, str, str]] = []  # (sort key, cid as sent, stored cid)
         for stored_cid in stored_cids:
             row = conn.execute(_BY_STORED_CID_SQL, (tid, stored_cid, tid, stored_cid)).fetchone()
             key, cid = (str(row[0]), str(row[1])) if row is not None else ("", stored_cid)
-            stored = self.store.messages.has(tenant, stored_cid)
+            listed = self.store.messages.has(tenant, stored_cid) or (
+                row is not None and conn.execute(_SUPERSEDED_DEFINITION_SQL, (tid, cid)).fetchone() is not None)
             position = events.position_of(tenant, cid)
-            if stored and position is None:
+            if listed and position is None:
                 newly.append((key, cid, stored_cid))
-            elif not stored and position is not None:
+            elif not listed and position is not None:
                 events.delete_events_by_cid(tenant, [cid])
         for _, cid, stored_cid in sorted(newly):
             indexes = self.store.messages.get_indexes(tenant, stored_cid)
-            if indexes is None:  # pragma: no cover - checked just above
-                raise DwnError("StoreInternal", f"{stored_cid} vanished while reconciling the log", 500)
+            if indexes is None:
+                indexes = _definition_indexes(conn, tid, cid)
             events.append(tenant, cid, indexes)
+
+    def list_superseded_definitions(self) -> int:
+        """Give every superseded definition accepted at its place a log entry where it has none
+        (a store written before the log kept them, issue #17's successor): appended in canonical
+        order, so a peer that pulled past them receives them as new. Returns how many."""
+        conn = self.store.conn
+
+        def unlisted() -> list[tuple[str, int, str]]:
+            return [(str(did), int(tid), str(cid)) for tid, did in conn.execute("SELECT id, did FROM tenants")
+                    for (cid,) in conn.execute(_UNLISTED_DEFINITIONS_SQL, (tid,))]
+
+        if not unlisted():  # the common case, read without taking the write lock
+            return 0
+        with self.store.transaction():
+            rows = unlisted()  # again, under the lock
+            for did, tid, cid in rows:
+                self.store.events.append(did, cid, _definition_indexes(conn, tid, cid))
+        return len(rows)
+
+
+# An archived protocol definition accepted at its place that a newer stored definition of its
+# protocol replaced. The log keeps listing it (handlers/protocols.py): the records written while
+# it was in force are judged by it on every replica, so every replica must receive it. (A
+# definition is the one stateful message without a record id; one missing from a store for
+# any other reason, a store edited by hand, is not listed: it is simply missing.)
+_REPLACED: Final = (
+    "a.record_id IS NULL AND a.accepted=1"
+    " AND NOT EXISTS (SELECT 1 FROM messages m WHERE m.tenant=a.tenant AND m.cid=a.stored_cid)"
+    " AND EXISTS (SELECT 1 FROM messages n WHERE n.tenant=a.tenant AND n.interface='Protocols'"
+    " AND n.method='Configure' AND n.protocol=json_extract(a.body, '$.descriptor.definition.protocol'))"
+)
+_SUPERSEDED_DEFINITION_SQL: Final = f"SELECT 1 FROM archive a WHERE a.tenant=? AND a.cid=? AND {_REPLACED}"
+_UNLISTED_DEFINITIONS_SQL: Final = (
+    f"SELECT a.cid FROM archive a WHERE a.tenant=? AND {_REPLACED}"
+    " AND NOT EXISTS (SELECT 1 FROM events e WHERE e.tenant=a.tenant AND e.cid=a.cid)"
+    " ORDER BY a.sort_key"
+)
+
+
+def _definition_indexes(conn: apsw.Connection, tid: int, cid: str) -> dict[str, Any]:
+    """The indexes an archived definition was stored under (what its log entry carries)."""
+    row = conn.execute("SELECT body FROM archive WHERE tenant=? AND cid=?", (tid, cid)).fetchone()
+    if row is None:  # pragma: no cover - the caller read the row just before
+        raise DwnError("StoreInternal", f"{cid} vanished while reconciling the log", 500)
+    return ProtocolsConfigure.parse(json.loads(str(row[0]))).construct_indexes()
 
 
 # The undo of an :meth:`History._appended` initial write: this marker, then the SHA-256 of the

@@ -52,6 +52,9 @@ class Dwn:
         self._handlers = _handlers()
         self.history = History(store, self._reference)
         self._adopt_unarchived()
+        listed = self.history.list_superseded_definitions()
+        if listed:
+            log.info("listed %d superseded protocol definition(s) in the log for replication", listed)
 
     def _adopt_unarchived(self) -> None:
         """A store written before the archive existed: archive its messages and replay them."""

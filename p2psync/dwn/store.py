@@ -998,6 +998,12 @@ def _may_match(text: str, needles: list[list[list[str]]]) -> bool:
     return False
 
 
+# The log keeps the entries of superseded protocol definitions (handlers/protocols.py); the
+# reference's log does not, so a MessagesQuery skips an entry of a definition no longer stored.
+# Every ProtocolsConfigure's indexes hold this text (its descriptor's method), no other's do.
+_DEFINITION_NEEDLE: Final = '"method":"Configure"'
+_STORED_SQL: Final = "SELECT 1 FROM messages WHERE tenant=? AND cid=?"
+
 # The stream identity comes back with the position: a replicated apply reports both (its
 # progress token) and need not read them again (one statement less each, issue #17).
 _NEXT_POSITION = (
@@ -1010,7 +1016,9 @@ class EventLog:
 
     A position is never reused. Entries of messages the engine later prunes are removed (as
     the reference does), which leaves gaps; the stream identity (``streamId``, ``epoch``) says
-    which log the positions belong to.
+    which log the positions belong to. One exception: a protocol definition replaced by a
+    newer one keeps its entry, for replication (handlers/protocols.py); :meth:`query` (the
+    reference's ``MessagesQuery``) skips it.
     """
 
     def __init__(self, store: Store) -> None:
@@ -1117,11 +1125,14 @@ class EventLog:
         sql += " ORDER BY position"
         needles = [_filter_needles(f) for f in filters]
         found: list[tuple[int, str]] = []
-        for position, cid, idx in self._s.conn.execute(sql, args):
+        conn = self._s.conn
+        for position, cid, idx in conn.execute(sql, args):
             if start_key is not None and f"{_encode_sort_value(position)}\x00{cid}" <= start_key:
                 continue
             if filters and not _may_match(idx, needles):
                 continue  # no filter can match: skip decoding the indexes
+            if _DEFINITION_NEEDLE in idx and conn.execute(_STORED_SQL, (tid, cid)).fetchone() is None:
+                continue  # a superseded definition: listed for replicas, not in the reference's log
             if not filters or match_any_filter(json.loads(idx), filters):
                 found.append((int(position), str(cid)))
         if not found:

@@ -216,6 +216,9 @@ def export_store(
             orphans = int(store.scalar(
                 "SELECT count(*) FROM events e WHERE NOT EXISTS"
                 " (SELECT 1 FROM messages m WHERE m.tenant=e.tenant AND m.cid=e.cid)"
+                # a replaced protocol definition stays listed for replicas (archived, not stored)
+                " AND NOT EXISTS (SELECT 1 FROM archive a WHERE a.tenant=e.tenant AND a.cid=e.cid"
+                " AND a.record_id IS NULL AND a.accepted=1)"
             ))
         finally:
             conn.execute("COMMIT")

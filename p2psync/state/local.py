@@ -66,7 +66,8 @@ _SENT_AS_STORED = f"m.wire IS NOT NULL AND length(a.data) BETWEEN 1 AND {MAX_DAT
 # reads no overflow page: a large archived body is not read here.
 _LOG_PAGE = (
     "SELECT e.position, e.cid,"
-    f" CASE WHEN {_SENT_AS_STORED} THEN NULL ELSE m.body END,"
+    # A superseded protocol definition (no record id) is listed from the archive alone.
+    f" CASE WHEN {_SENT_AS_STORED} THEN NULL ELSE coalesce(m.body, CASE WHEN a.record_id IS NULL THEN a.body END) END,"
     f" CASE WHEN {_SENT_AS_STORED} THEN m.wire END,"
     f" CASE WHEN {_SENT_AS_STORED} THEN a.data END,"
     " m.record_id"
@@ -134,10 +135,11 @@ class LocalStoreFetcher:
     # -- strategies ----------------------------------------------------------------------
 
     def entry_by_cid(self, tenant: str, cid: str) -> ReplicationEntry | None:
-        """The stored message with this CID, whatever its interface, with its data when held."""
+        """The stored message with this CID, whatever its interface, with its data when held;
+        or the superseded protocol definition with this CID (the log lists those too)."""
         found = self._stored(tenant, cid)
         if found is None:
-            return None
+            return self._superseded_definition(tenant, cid)
         message, stored_cid = found
         indexes = self.store.messages.get_indexes(tenant, stored_cid) or {}
         return self._entry(tenant, message, latest=indexes.get("isLatestBaseState") is True)
@@ -315,6 +317,13 @@ class LocalStoreFetcher:
             and isinstance(descriptor.get("dataSize"), int)
             and descriptor["dataSize"] > MAX_DATA_SIZE_ENCODED
         )
+
+    def _superseded_definition(self, tenant: str, cid: str) -> ReplicationEntry | None:
+        tid = self.store.tenant_id(tenant, create=False)
+        row = None if tid is None else self.store.conn.execute(
+            "SELECT body FROM archive WHERE tenant=? AND cid=? AND record_id IS NULL AND accepted=1", (tid, cid)
+        ).fetchone()
+        return None if row is None else ReplicationEntry(json.loads(str(row[0])), None, cid)
 
     def _stored(self, tenant: str, cid: str) -> tuple[Message, str] | None:
         """The stored message whose CID (the log's, the wire's) is ``cid``, and the CID the state

@@ -359,7 +359,8 @@ class StoreService:
         if len(held) < len(request.cids):
             # A listing names a message by its log CID; a zero-byte record is stored under the
             # reference's CID (its empty encodedData included), so look for the log entry: the
-            # log has exactly one per stored message.
+            # log has exactly one per stored message, and one per replaced protocol definition
+            # (archived here: held too).
             held |= self._present("events", tid, [c for c in request.cids if c not in held])
         offered = held.intersection(request.with_data)
         if offered:

@@ -211,7 +211,10 @@ class Snapshot:
 
     messages: dict[str, tuple[str, str]]  # cid -> (body json, indexes json)
     data: frozenset[tuple[str, str, int]]  # (recordId, dataCid, size)
-    events: tuple[str, ...]  # event-log CIDs, sorted (duplicates kept, so they show)
+    events: tuple[str, ...]  # event-log CIDs of stored messages, sorted (duplicates kept, so they show)
+    # the log's other entries, sorted: each must be a protocol definition a newer one replaced
+    # (listed to replicas, not to MessagesQuery: protocol/replication-apply.md)
+    replaced: tuple[str, ...] = ()
 
     def record_key(self, cid: str) -> str:
         body = json.loads(self.messages[cid][0])
@@ -235,8 +238,17 @@ def snapshot(store: Store, tenant: str) -> Snapshot:
     data = frozenset(
         (r, d, s) for r, d, s in conn.execute("SELECT record_id, data_cid, size FROM data WHERE tenant=?", (tid,))
     )
-    events = tuple(sorted(c for (c,) in conn.execute("SELECT cid FROM events WHERE tenant=?", (tid,))))
-    return Snapshot(messages, data, events)
+    listed = conn.execute(_LOG_SQL, (tid,)).fetchall()
+    events = tuple(sorted(str(c) for c, stored in listed if stored))
+    replaced = tuple(sorted(str(c) for c, stored in listed if not stored))
+    return Snapshot(messages, data, events, replaced)
+
+
+#: Each log entry with whether it is a stored message's (a replaced definition is archived, a
+#: definition, and not stored; a zero-byte record is stored under another CID than its entry's).
+_LOG_SQL = ("SELECT e.cid, EXISTS(SELECT 1 FROM messages m WHERE m.tenant=e.tenant AND m.cid=e.cid)"
+            " OR NOT EXISTS(SELECT 1 FROM archive a WHERE a.tenant=e.tenant AND a.cid=e.cid AND a.record_id IS NULL)"
+            " FROM events e WHERE e.tenant=?")
 
 
 def log_appends(store: Store, tenant: str) -> int:
@@ -245,10 +257,17 @@ def log_appends(store: Store, tenant: str) -> int:
     return 0 if row is None else int(row[0]) - 1
 
 
-def assert_log_matches_messages(snap: Snapshot) -> None:
-    """Every stored message has exactly one event-log entry, and no entry lacks its message."""
+def assert_log_matches_messages(snap: Snapshot, store: Store | None = None, tenant: str | None = None) -> None:
+    """Every stored message has exactly one event-log entry, and no entry lacks its message
+    but a replaced protocol definition's (checked to be one when ``store`` is given)."""
     expected = sorted(event_cid(json.loads(body)) for body, _ in snap.messages.values())
     assert list(snap.events) == expected
+    assert len(set(snap.replaced)) == len(snap.replaced)
+    if store is not None and tenant is not None:
+        fetcher = LocalStoreFetcher(store)
+        for cid in snap.replaced:
+            entry = fetcher.entry_by_cid(tenant, cid)
+            assert entry is not None and entry.message["descriptor"]["method"] == "Configure", cid
 
 
 # --------------------------------------------------------------------------- closures

@@ -110,7 +110,7 @@ async def test_two_sources_at_once(tmp_path: Path) -> None:
         assert len(applied) == len(set(applied)), "a message was applied twice"
         assert len(applied) == log_appends(replica.store, tenant)  # one log entry per Applied
         got = snapshot(replica.store, tenant)
-        assert_log_matches_messages(got)
+        assert_log_matches_messages(got, replica.store, tenant)
         assert all(o.status == "admitted" for run in outcomes for o in run)
         assert got == expected
         # and once more from either source: nothing new

@@ -130,8 +130,13 @@ def store_bytes(store: Store, tenant: str) -> StoreBytes:
         "SELECT cid, body, indexes FROM messages WHERE tenant=?", (tid,))}
     data = {(str(r), str(d)): (int(s), _sha256(bytes(b))) for r, d, s, b in conn.execute(
         "SELECT record_id, data_cid, size, bytes FROM data WHERE tenant=?", (tid,))}
+    # The log as the reference keeps it: without the entries of definitions a newer one
+    # replaced (p2psync lists those to replicas only; tests/dwn/test_superseded_definitions.py).
     events = tuple(sorted((str(c), _log_indexes(str(i))) for c, i in conn.execute(
-        "SELECT cid, indexes FROM events WHERE tenant=?", (tid,))))
+        "SELECT e.cid, e.indexes FROM events e WHERE e.tenant=?"
+        " AND (EXISTS (SELECT 1 FROM messages m WHERE m.tenant=e.tenant AND m.cid=e.cid)"
+        " OR NOT EXISTS (SELECT 1 FROM archive a WHERE a.tenant=e.tenant AND a.cid=e.cid AND a.record_id IS NULL))",
+        (tid,))))
     return StoreBytes(messages, data, events)
 
 

@@ -124,7 +124,7 @@ def test_every_scenario_replicates_exactly_by_either_path(scenarios: list[Scenar
             assert requests.get("revs", 0) == 0, (scenario.name, requests)
         for tenant in scenario.tenants:
             want, got = snapshot(source.store, tenant), snapshot(replica.store, tenant)
-            assert_log_matches_messages(got)
+            assert_log_matches_messages(got, replica.store, tenant)
             # The same text: an authored message is stored in the wire's (DAG-CBOR) key order.
             assert got.messages == want.messages, (scenario.name, path_name, _differences(want, got))
             assert got.data == want.data, (scenario.name, path_name)
@@ -186,7 +186,7 @@ def test_any_head_start_batch_and_delivery_order_ends_identical(
         run(wire, operation)
     for tenant in scenario.tenants:
         want, got = snapshot(source.store, tenant), snapshot(replica.store, tenant)
-        assert_log_matches_messages(got)
+        assert_log_matches_messages(got, replica.store, tenant)
         assert got.messages == want.messages, (scenario.name, path_name, _differences(want, got))
         assert got.data == want.data
     for side in (source, replica):

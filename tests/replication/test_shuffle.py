@@ -72,9 +72,10 @@ def _compare(case: Case, replica: Dwn, run: Run, seed: int) -> None:
         assert outcome.status == "admitted", (case.name, seed, step.name, outcome)
     for tenant, want in case.expected.items():
         got = snapshot(replica.store, tenant)
-        assert_log_matches_messages(got)
+        assert_log_matches_messages(got, replica.store, tenant)
         assert got.messages == want.messages, (case.name, seed, _differences(want, got))
         assert got.data == want.data, (case.name, seed)
+        assert got.replaced == want.replaced, (case.name, seed)  # replaced definitions travel too
 
 
 def _differences(want: Snapshot, got: Snapshot) -> dict[str, list[str]]:

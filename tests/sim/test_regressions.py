@@ -144,17 +144,16 @@ def test_what_only_archives_keep_is_served(tmp_path: Path, seed: int, peers: int
     assert result.outcome == "converged", "\n".join([*map(str, result.findings), config.replay(seed)])
 
 
-@pytest.mark.xfail(strict=True, reason="a configure superseded at its origin before it was sent is never"
-                   " replicated, yet decides what is admitted between it and its successor")
 def test_a_configure_superseded_before_it_was_sent_still_decides_a_role_write(tmp_path: Path) -> None:
     """Found by `--scopes mixed` (`--peers 4 --seed 33 --topology mesh --faults heavy`; with
     global links, 2 peers, 120 steps, seed 12 of the member writers). p1 configures the chat
     protocol with `member` a role (C2), writes bob's member record, and configures again (C3):
-    the reference drops C2 from p1's store and log, so no round ever lists it, and nothing
-    asks for it (p0 admits everything under C1, where `member` is a plain path). p0 wrote its
-    own member record for bob between C2 and p1's: in canonical order C2 makes p1's a
-    duplicate role recipient (p1, which archived C2, warps and supersedes it), while p0 holds
-    it. The replicas admitted different sets, and differ."""
+    the reference drops C2 from p1's store and log, so no round listed it, and nothing asked
+    for it (p0 admits everything under C1, where `member` is a plain path). p0 wrote its own
+    member record for bob between C2 and p1's: in canonical order C2 makes p1's a duplicate
+    role recipient (p1, which archived C2, warps and supersedes it), while p0 held it. The
+    replicas differed. Now p1's log keeps listing C2 (protocol/replication-apply.md,
+    *Superseded definitions travel*)."""
     sim = Simulation(1, SimConfig(peers=2, steps=0, topology="line"), tmp_path)
     p0, p1 = sim.peers
     alice, bob = sim.cast.alice, sim.cast.bob
@@ -190,7 +189,6 @@ def test_two_pushes_into_one_peer_do_not_wait_on_each_other(tmp_path: Path) -> N
     """Found by `--scopes mixed` (docs/simulator.md, *What it found*): p2 (subset `thread`)
     is pushed to by p1 and p3. Before the fix, p1's push sink on p2, declined an item for p3's
     sink, waited on it only after that claim had ended and p3's sink had claimed it afresh in
-    a later listing, which waited on one of p1's claims: no round ended. (The seed still
-    diverges, by the configure superseded before it was sent.)"""
+    a later listing, which waited on one of p1's claims: no round ended."""
     result = run_seed(35, SimConfig(peers=4, topology="mesh", faults="heavy", scopes="mixed"), tmp_path)
     assert not any(f.kind == "no_quiescence" for f in result.findings), [str(f) for f in result.findings]

@@ -2,8 +2,13 @@
 
 Mirrors dwn-sdk-js 0.5.2 ``handlers/protocols-configure.ts`` and ``handlers/protocols-query.ts``:
 parse (400), authenticate and authorize (401), then the store. A newer ProtocolsConfigure of
-the same protocol replaces the older ones (which are pruned with their event-log entries); an
-older or identical one is answered 409. A ProtocolsQuery that is not authorized still succeeds,
+the same protocol replaces the older ones; an older or identical one is answered 409.
+
+One departure from the reference, invisible to every query: a definition pruned here keeps its
+event-log entry. The reference drops it, but a replica must still receive it: records written
+while it was in force are judged by it (protocol/replication-apply.md, "Superseded
+definitions"). ``MessagesQuery`` skips such entries (:meth:`EventLog.query`), so it answers as
+the reference does. A ProtocolsQuery that is not authorized still succeeds,
 with the published definitions only.
 """
 
@@ -68,12 +73,12 @@ def handle_protocols_configure(ctx: HandlerContext, tenant: str, message: Messag
             reply = Reply(202, "Accepted")
         else:
             reply = Reply(409, "Conflict")
-        # Whatever the outcome, only the newest definition of a protocol is kept.
+        # Whatever the outcome, only the newest definition of a protocol is kept (and every
+        # one stays listed in the log: see the module's docstring).
         assert newest is not None
-        pruned = [message_cid(m) for m in existing if is_newer(newest, m)]
-        for cid in pruned:
-            store.messages.delete(tenant, cid)
-        store.events.delete_events_by_cid(tenant, pruned)
+        for older in existing:
+            if is_newer(newest, older):
+                store.messages.delete(tenant, message_cid(older))
     return reply
 
 
