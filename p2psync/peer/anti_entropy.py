@@ -88,6 +88,9 @@ class ReconcileSummary:
     estimate: float | None = None
     fetched: RepairSummary | None = None
     pushed: dict[str, int] = field(default_factory=dict)
+    #: a repair's exchange of the definitions a newer one replaced (the sets leave them out):
+    #: counts by result kind of those fetched and those the peer took, less what was held
+    definitions: dict[str, dict[str, int]] = field(default_factory=dict)
     #: why the sets still differ after a repair (None when equal or not repairing)
     unresolved: str | None = None
     seconds: float = 0.0
@@ -112,6 +115,8 @@ class ReconcileSummary:
                               "bytesReceived": self.fetched.stats.bytes_received}
         if self.pushed:
             out["pushed"] = self.pushed
+        if any(self.definitions.values()):
+            out["definitions"] = {k: v for k, v in self.definitions.items() if v}
         if self.unresolved is not None:
             out["unresolved"] = self.unresolved
         return out
@@ -139,7 +144,10 @@ async def reconcile_with(
     started = time.monotonic()
     async with one_off_collection(peer, connect, tenant, scope) as (session, index, remote):
         summary = ReconcileSummary(tenant, remote, scope)
-        await _AntiEntropy(peer, sketches, session, index, summary, on_progress).run(repair, pull, push)
+        anti_entropy = _AntiEntropy(peer, sketches, session, index, summary, on_progress)
+        await anti_entropy.run(repair, pull, push)
+        if repair:
+            await anti_entropy.definitions(pull, push)
     summary.seconds = time.monotonic() - started
     return summary
 
@@ -203,6 +211,14 @@ class _AntiEntropy:
             if push and mine:
                 await self._push([d["cid"] for d in mine])
         s.unresolved = s.unresolved or "the sets still differ after every attempt"
+
+    async def definitions(self, pull: bool, push: bool) -> None:
+        """The replaced definitions the sets leave out, both ways (ReplicationProtocol's
+        ``exchange_definitions``): a peer that takes no pushes is reported, as for messages."""
+        proto = self.session.proto
+        fetched, taken = await self.session.run(
+            proto.exchange_definitions(self.index, self.tenant, self.scope, pull=pull, push=push))
+        self.summary.definitions = {"fetched": fetched, "taken": taken if taken is not None else {"PushRefused": 1}}
 
     async def _exchange(self, coder: Coder) -> ReconResult:
         view = self.sketches.view(self.tenant, self.scope, coder)

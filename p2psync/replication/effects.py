@@ -42,6 +42,7 @@ __all__ = [
     "YIELD",
     "AnswerReconcile",
     "LocalCids",
+    "LocalDefinitions",
     "LocalSetView",
     "AnswerRefs",
     "Apply",
@@ -280,6 +281,17 @@ class LocalSetView(StoreRequest):
     tenant: str
     scope: SyncScope
     coder: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class LocalDefinitions(StoreRequest):
+    """What a reconciled set leaves out (it holds stored messages): ``(protocols, replaced)``,
+    the protocols this store holds a definition of in ``scope``, and the CIDs of the
+    definitions in ``scope`` that a newer one replaced here (listed in the log, not stored;
+    protocol/replication-apply.md, *Superseded definitions travel*)."""
+
+    tenant: str
+    scope: SyncScope
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,6 +32,7 @@ from p2psync.dwn.did import Identity
 from p2psync.dwn.errors import DwnError
 from p2psync.dwn.progress import ProgressToken
 from p2psync.dwn.replication_types import DependencyRef, InitialWrite, ReplicationWireError, ref_from_json
+from p2psync.dwn.replication_types import Protocol as ProtocolRef
 from p2psync.errors import HandshakeFailed, LocalMisuse, QuotaExceeded
 from p2psync.replication.closure import ReplicationEntry
 from p2psync.replication.effects import (
@@ -45,6 +46,7 @@ from p2psync.replication.effects import (
     Collection,
     ConnectionLost,
     LocalCids,
+    LocalDefinitions,
     LocalSetView,
     Notify,
     OpenFeed,
@@ -398,6 +400,13 @@ class ReplicationProtocol:
         """One ``reconcile`` request (protocol/anti-entropy.md): ``(decoded reply, request body,
         reply)`` (the last two for counting what went over the wire)."""
         return self._command(self._reconcile(body), "reconcile")
+
+    def exchange_definitions(self, index: int, tenant: str, scope: SyncScope, *, pull: bool,
+                             push: bool) -> Operation:
+        """Fetch and hand over the replaced definitions set reconciliation leaves out (a
+        repair's last step): ``(fetched, taken)`` as :meth:`_exchange_definitions` says."""
+        return self._command(self._exchange_definitions(index, tenant, scope, pull=pull, push=push),
+                             "definitions")
 
     def admit(self, index: int, obj: Any) -> Operation:
         """Admit one MessageEntry outside a listing (a repair), through collection ``index``'s
@@ -1049,6 +1058,57 @@ class ReplicationProtocol:
                 counts[kind] = counts.get(kind, 0) + 1
         return counts
 
+    def _exchange_definitions(self, index: int, tenant: str, scope: SyncScope, *, pull: bool, push: bool,
+                              stats: SyncStats | None = None) -> Effects:
+        """What set reconciliation cannot see (anti-entropy.md §7): the sets hold stored
+        messages, and a definition a newer one replaced is not stored, yet it judges the records
+        of its time (replication-apply.md, *Superseded definitions travel*). With ``pull``, fetch
+        every definition the peer admitted of each protocol we hold a definition of; with
+        ``push``, have it take the replaced definitions we list. Returns ``(fetched, taken)``
+        counts by result kind, less ``Duplicate``; ``taken`` is None when the peer takes no
+        pushes (403)."""
+        protocols, replaced = yield LocalDefinitions(tenant, scope)
+        fetched: dict[str, int] = {}
+        if pull and protocols:
+            _merge_new(fetched, (yield from self._fetch_definitions(index, list(protocols), stats)))
+        taken: dict[str, int] = {}
+        for start in range(0, len(replaced) if push else 0, MAX_TAKE):
+            body = {"f": list(replaced[start : start + MAX_TAKE]), **({"c": index} if index else {})}
+            try:
+                reply, _, _ = yield from self._reconcile(body)
+            except PeerError as exc:
+                if exc.code != 403:
+                    raise
+                return fetched, None
+            counts = reply.get("k")
+            _merge_new(taken, {kind: n for kind, n in (counts.items() if isinstance(counts, dict) else ())
+                               if isinstance(kind, str) and isinstance(n, int)})
+        return fetched, taken
+
+    def _fetch_definitions(self, index: int, protocols: list[str], stats: SyncStats | None) -> Effects:
+        """Every definition the other peer admitted of each of ``protocols`` (a ``Protocol`` ref
+        each: the answer holds the replaced ones too), admitted here. Counts by result kind."""
+        sink = self.sinks.get(index)
+        if sink is None or sink.key is not None or sink.failed is not None:
+            sink = self.repair_sink(index)
+        if stats is not None:
+            sink.stats = stats
+        counts: dict[str, int] = {}
+        for start in range(0, len(protocols), MAX_REFS):
+            refs: list[DependencyRef] = [ProtocolRef(protocol=p) for p in protocols[start : start + MAX_REFS]]
+            for found in (yield from self._get_dependencies(index, refs)):
+                entries = found.get("entries") if isinstance(found, dict) else None
+                for entry in entries or []:
+                    if not isinstance(entry, dict) or not isinstance(entry.get("message"), dict):
+                        continue
+                    try:
+                        _, result, _ = yield from self._admit(index, entry)
+                        kind = str(result.kind)
+                    except PeerError as exc:
+                        kind = exc.name
+                    counts[kind] = counts.get(kind, 0) + 1
+        return counts
+
     def reconcile_repair(self, index: int, tenant: str, scope: SyncScope, *, push: bool,
                          stats: SyncStats | None = None) -> Effects:
         """Reconcile collection ``index`` and fetch exactly what we lack (and, with ``push``, have
@@ -1092,7 +1152,12 @@ class ReplicationProtocol:
             fetched = yield from self._fetch_named(index, cids, stats)
             if len(cids) != len(result.remote_only):
                 fetched["NotFound"] = fetched.get("NotFound", 0) + len(result.remote_only) - len(cids)
-        taken: dict[str, int] = {}
+        more, taken_definitions = yield from self._exchange_definitions(index, tenant, scope, pull=True, push=push,
+                                                                        stats=stats)
+        if taken_definitions is None:
+            return None
+        _merge_new(fetched, more)
+        taken = dict(taken_definitions)
         if push and result.local_only:
             mine = yield LocalCids(tenant, scope, recon.coder, tuple(result.local_only))
             for start in range(0, len(mine), MAX_TAKE):
@@ -1118,6 +1183,14 @@ class ReplicationProtocol:
         sink = self.sinks[index] = Sink(self, index, coll.tenant, key=None, max_data=self.max_data,
                                                   scope=coll.scope)
         return sink
+
+
+def _merge_new(into: dict[str, int], counts: dict[str, int]) -> None:
+    """Add ``counts`` to ``into``, less what was held already (``Duplicate``): a reconcile
+    reports what moved."""
+    for kind, n in counts.items():
+        if kind != "Duplicate":
+            into[kind] = into.get(kind, 0) + n
 
 
 def _refusal(error: PeerError) -> Effects:

@@ -50,6 +50,12 @@ from p2psync.state.sketches import SetSketches
 __all__ = ["StoreService"]
 
 #: CIDs per ``IN (...)`` lookup: under SQLite's oldest default of 999 bound parameters.
+#: The log's entries of definitions a newer one replaced (archived, not stored), in log order.
+_REPLACED_DEFINITIONS: Final = (
+    "SELECT e.cid, a.body FROM events e JOIN archive a ON a.tenant=e.tenant AND a.cid=e.cid"
+    " WHERE e.tenant=? AND a.record_id IS NULL"
+    " AND NOT EXISTS (SELECT 1 FROM messages m WHERE m.tenant=e.tenant AND m.cid=e.cid) ORDER BY e.position"
+)
 _IN_CHUNK: Final = 500
 #: (tenant, protocol) pairs whose role paths are kept: a node lists subsets of a few protocols.
 _ROLE_CACHE: Final = 256
@@ -98,6 +104,7 @@ class StoreService:
             fx.AnswerReconcile: self._answer_reconcile,
             fx.LocalSetView: self._local_set_view,
             fx.LocalCids: lambda r: self.sketches.cids_of(r.tenant, r.scope, r.coder, r.ids),
+            fx.LocalDefinitions: self._local_definitions,
             fx.ReadOffered: self._read_offered,
             fx.HeldMessages: self._held,
             fx.QuotaFit: self._quota_fit,
@@ -343,6 +350,22 @@ class StoreService:
         with _set_reads():
             head = self._log_head(request.tenant)
             return self.sketches.view(request.tenant, request.scope, request.coder), head
+
+    def _local_definitions(self, request: fx.LocalDefinitions) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        tid = self.store.tenant_id(request.tenant, create=False)
+        if tid is None:
+            return (), ()
+        scope, conn = request.scope, self.store.conn
+
+        def within(body: Any) -> bool:
+            message = json.loads(str(body))
+            return scope.matches(message) or scope.lists(ListingFacts.of(message))
+
+        protocols = sorted({str(protocol) for protocol, body in conn.execute(
+            "SELECT protocol, body FROM messages WHERE tenant=? AND interface='Protocols' AND method='Configure'",
+            (tid,)) if within(body)})
+        replaced = [str(cid) for cid, body in conn.execute(_REPLACED_DEFINITIONS, (tid,)) if within(body)]
+        return tuple(protocols), tuple(replaced)
 
     def _read_offered(self, request: fx.ReadOffered) -> bytes | None:
         data = self.store.data.get(request.tenant, request.record_id, request.data_cid)

@@ -63,6 +63,7 @@ def assert_same(a: Store, b: Store, tenant: Identity, *, events: bool = True) ->
     sa, sb = snapshot(a, tenant.did), snapshot(b, tenant.did)
     assert sorted(sa.messages) == sorted(sb.messages)
     assert sa.data == sb.data
+    assert sa.replaced == sb.replaced  # the definitions newer ones replaced travel too
     if events:
         assert sa.events == sb.events
     assert query_result(a, tenant) == query_result(b, tenant)
