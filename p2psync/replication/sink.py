@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Collection, Generator
 from dataclasses import replace
 from typing import Any, Final, Protocol
 
@@ -519,9 +519,11 @@ class Sink:
         if listed:
             held = yield HeldMessages(self.tenant, tuple(t.message_cid for t, _ in listed),
                                       tuple(t.message_cid for t, size in listed if size))
+        again: set[str] = set()  # held here, taken anyway: nothing new to store
         if unnamed and self.scope is not None and self.scope.kind == "subset" and self.host.role_records:
             # A subset's configure travels even when held here (got from another peer, or
             # applied in a round cut before its role records came): its apply asks for them.
+            again = held & unnamed
             held = held - unnamed
         statuses: list[int] = []
         for token, size in listed:
@@ -534,7 +536,7 @@ class Sink:
         elsewhere = yield from self._claim(listed, statuses, pull=pull)
         if elsewhere and not pull:
             yield from self._await_pushed_elsewhere(listed, statuses, elsewhere)
-        taken = yield from self._fit(listed, statuses)
+        taken = yield from self._fit(listed, statuses, again)
         self._release(tuple(t.message_cid for t, _ in listed[taken:]), held=False)
         for (token, size), status in zip(listed[:taken], statuses[:taken], strict=True):
             if status == 413:  # settled, and a link error (§6.2): counted, logged, never fetched
@@ -619,11 +621,13 @@ class Sink:
         self._settle_later()
         self._notify()
 
-    def _fit(self, listed: list[tuple[ProgressToken, int | None]], statuses: list[int]) -> Effects:
+    def _fit(self, listed: list[tuple[ProgressToken, int | None]], statuses: list[int],
+             held: Collection[str] = ()) -> Effects:
         """How many of ``listed`` to take (the wanted ones fit the quotas up to the first that
         does not); the statuses from there on become the refusal's code. Raises the refusal
-        when no wanted item fits."""
-        wanted = [i for i, status in enumerate(statuses) if status == 0]
+        when no wanted item fits. ``held``: items taken though held here, which store nothing
+        new and so are not charged (a store exactly at its quota still takes them)."""
+        wanted = [i for i, status in enumerate(statuses) if status == 0 and listed[i][0].message_cid not in held]
         if not wanted:
             return len(listed)
         fits, refusal = yield QuotaFit(self.tenant, self.payer, tuple(listed[i][1] for i in wanted))

@@ -35,6 +35,7 @@ from p2psync.replication.scope import RoleRecordsRef, SyncScope
 from p2psync.replication.wire import PeerError
 from p2psync.state.copies import store_id
 from p2psync.state.local import LocalStoreFetcher
+from p2psync.state.quota import Limit, QuotaPolicy, Quotas
 from tests.replication.support import Clock, seeded
 from tests.replication.test_protocol_pump import Side, Wire, run
 from tests.replication.test_scenarios_over_the_wire import _side
@@ -221,6 +222,26 @@ def test_a_configure_held_already_still_brings_the_role_records(tmp_path: Path) 
     source, replica, wire, sent = connect(club_.path, tmp_path / "replica.db", 4)
     pull(replica, wire, tenant, SCOPE)
     _same_answers(club_, source.store, replica.store)
+    _close(source, replica)
+
+
+def test_a_held_configure_taken_again_is_not_charged_to_a_full_store(tmp_path: Path) -> None:
+    """A replica that got version 2 and every role record by another link, its tenant exactly
+    at its quota: the subset listing's held configure is taken again (its apply asks for the
+    role records) but stores nothing new, so it is not refused 507 and the link goes live."""
+    club_, tenant = _first_pull(tmp_path, 15)
+    club_.become_roles()
+    source, replica, wire, _ = connect(club_.path, tmp_path / "replica.db", 16)
+    pull(replica, wire, tenant, SyncScope.global_scope())  # everything, by another link
+    _close(source, replica)
+
+    source, replica, wire, _ = connect(club_.path, tmp_path / "replica.db", 17)
+    usage = Quotas(replica.store, QuotaPolicy()).usage(tenant)
+    replica.service.quotas = Quotas(replica.store, QuotaPolicy(tenant=Limit(usage.messages, None)))
+    pull(replica, wire, tenant, SCOPE)
+    _same_answers(club_, source.store, replica.store)
+    subset = [link for link in replica.service.ledger.links(tenant) if link.scope == SCOPE]
+    assert [link.state for link in subset] == [LinkState.LIVE]
     _close(source, replica)
 
 
