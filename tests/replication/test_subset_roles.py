@@ -284,6 +284,33 @@ def test_a_round_cut_between_the_configure_and_its_role_records_loses_nothing(tm
     _close(source, replica)
 
 
+def test_role_records_withheld_from_the_reader_leave_the_configure_unsettled(tmp_path: Path) -> None:
+    """A reader whose grant does not cover every role record is answered `withheld` (§10.2): the
+    replica cannot tell who holds a role, so the configure stays unapplied (the link
+    `repairing`, ClosureDependencyForbidden) rather than admitting readers the source would refuse."""
+    club_, tenant = _first_pull(tmp_path, 18)
+    configure = club_.become_roles()
+    source, replica, wire, _ = connect(club_.path, tmp_path / "replica.db", 19)
+    answer_refs = source.service._sync[AnswerRefs]
+
+    def narrower(request: AnswerRefs) -> Any:
+        out = answer_refs(request)
+        return [(entries[1:], True, following) if isinstance(ref, RoleRecordsRef) else (entries, withheld, following)
+                for ref, (entries, withheld, following) in zip(request.refs, out, strict=True)]
+
+    source.service._sync[AnswerRefs] = narrower
+    operation, _ = replica.proto.sync(tenant=tenant, scope=SCOPE, local_store_id=store_id(replica.store),
+                                      pull=True, push=False, batch=3, totals={})
+    run(wire, operation)
+    ledger = replica.service.ledger
+    (link,) = ledger.links(tenant)
+    assert link.state is LinkState.REPAIRING
+    assert ledger.transitions(link.key)[-1].error_code == "ClosureDependencyForbidden"
+    checkpoint, _ = ledger.get_checkpoint(link.key, Direction.PULL)
+    assert message_cid(configure) in {t.message_cid for t in checkpoint.unapplied_tokens}
+    _close(source, replica)
+
+
 def test_a_subset_push_brings_the_role_records_too(tmp_path: Path) -> None:
     """Pushed, the configure is answered by the passive sink, which asks the pusher for the
     role records on the same connection (either role answers `getDependencies`)."""
