@@ -133,8 +133,11 @@ async def reconcile_with(
     pull: bool = True,
     push: bool = True,
     on_progress: Callable[[RepairProgress], None] | None = None,
+    definitions: bool = True,
 ) -> ReconcileSummary:
     """Reconcile ``tenant``'s set in ``scope`` with the peer ``connect`` reaches (module doc).
+    A repair then exchanges the definitions newer ones replaced, which the sets leave out
+    (``definitions`` False: only when the sets differed).
 
     Raises :class:`PeerError` for refusals (``403 ReconcileNotAuthorized``, ``400
     ReconcileScopeUnsupported``, …) and ``HelloFailed``/``OSError``/``blip.ConnectionClosed``
@@ -146,7 +149,7 @@ async def reconcile_with(
         summary = ReconcileSummary(tenant, remote, scope)
         anti_entropy = _AntiEntropy(peer, sketches, session, index, summary, on_progress)
         await anti_entropy.run(repair, pull, push)
-        if repair:
+        if repair and (definitions or summary.differences):
             await anti_entropy.definitions(pull, push)
     summary.seconds = time.monotonic() - started
     return summary

@@ -355,15 +355,19 @@ class Peer:
         repair: bool = False,
         direction: Direction_ = "both",
         on_progress: Callable[[RepairProgress], None] | None = None,
+        definitions: bool = True,
     ) -> ReconcileSummary:
         """Anti-entropy with the peer at ``target``: what each replica holds of ``tenant``'s
         messages in ``scope`` that the other lacks, and with ``repair`` fetch (pull) and hand
-        over (push) exactly those (:mod:`p2psync.peer.anti_entropy`)."""
+        over (push) exactly those (:mod:`p2psync.peer.anti_entropy`), and the definitions newer
+        ones replaced, which the sets leave out (``definitions`` False: only when the sets
+        differed, for a periodic check whose equal sets must stay one round trip)."""
         if direction not in ("pull", "push", "both"):
             raise errors.LocalMisuse("direction must be pull, push or both")
         return await reconcile_with(
             self, self.service.sketches, self._connector(target), tenant=tenant, scope=scope, repair=repair,
             pull=direction in ("pull", "both"), push=direction in ("push", "both"), on_progress=on_progress,
+            definitions=definitions,
         )
 
 

@@ -209,8 +209,8 @@ def export_store(
                 row = message_row(rid, tenant, stream, position, cid, message, indexes)
                 without_position += position is None
                 messages.add(row)
-                if row["interface"] == "Protocols" and row["method"] == "Configure":
-                    protocols.add(_protocol_row(rid, tenant, cid, message, row))
+                if row["interface"] == "Protocols" and row["method"] == "Configure" and store.messages.has(tenant, cid):
+                    protocols.add(_protocol_row(rid, tenant, cid, message, row))  # the definitions in force
                 if progress is not None and len(messages.rows) == 0:
                     progress(messages.count)
             orphans = int(store.scalar(
@@ -249,14 +249,22 @@ def export_store(
 
 
 def _message_rows(store: Store) -> Iterator[tuple[int, str, str, str, int | None]]:
-    """(tenant id, cid, body, indexes, position) of every stored message, streamed."""
+    """(tenant id, cid, body, indexes, position) of every stored message, then of every protocol
+    definition a newer one replaced that the log still lists (a replica must hold those too:
+    protocol/replication-apply.md, *Superseded definitions travel*), streamed."""
     sql = (
         "SELECT m.tenant, m.cid, m.body, m.indexes,"
         " (SELECT e.position FROM events e WHERE e.tenant=m.tenant AND e.cid=m.cid ORDER BY e.position LIMIT 1)"
         " FROM messages m ORDER BY m.id"
     )
-    for tid, cid, body, idx, position in store.conn.execute(sql):
-        yield int(tid), str(cid), str(body), str(idx), None if position is None else int(position)
+    replaced = (
+        "SELECT e.tenant, e.cid, a.body, e.indexes, e.position FROM events e"
+        " JOIN archive a ON a.tenant=e.tenant AND a.cid=e.cid AND a.record_id IS NULL AND a.accepted=1"
+        " WHERE NOT EXISTS (SELECT 1 FROM messages m WHERE m.tenant=e.tenant AND m.cid=e.cid) ORDER BY e.id"
+    )
+    for sql_ in (sql, replaced):
+        for tid, cid, body, idx, position in store.conn.execute(sql_):
+            yield int(tid), str(cid), str(body), str(idx), None if position is None else int(position)
 
 
 def _protocol_row(

@@ -295,7 +295,10 @@ def _classify(lacking: DataFrame, rows: DataFrame, count: int) -> DataFrame:
         F.when(F.col("ancestor_pruned"), F.lit("ancestor-pruned"))
         .when(not_initial & F.col("target_deleted"), F.lit("record-deleted"))
         .when(
-            not_initial & (F.col("target_newest") > F.struct(F.col("message_timestamp"), F.col("message_cid"))),
+            # A definition a newer one replaced is needed all the same: records of its time are
+            # judged by it (protocol/replication-apply.md, *Superseded definitions travel*).
+            not_initial & (F.col("interface") == "Records")
+            & (F.col("target_newest") > F.struct(F.col("message_timestamp"), F.col("message_cid"))),
             F.lit("newer-state"),
         )
     )

@@ -86,3 +86,17 @@ async def test_an_anti_entropy_repair_exchanges_replaced_definitions_both_ways(t
     assert pushed.definitions["taken"] == {"Superseded": 1}
     assert _has(c, replaced)
     assert_same(a, c, ALICE, events=False)
+
+
+async def test_a_periodic_check_of_equal_sets_stays_one_round_trip(tmp_path: Path) -> None:
+    """A node's periodic check passes ``definitions=False``: with equal sets it exchanges
+    nothing more (the log carries replaced definitions); once the sets differ it looks."""
+    a, b, replaced = await _replicas(tmp_path)
+    async with served(Peer(a, ALICE)) as url:
+        equal = await Peer(b, ALICE).reconcile(url, tenant=ALICE.did, repair=True, definitions=False)
+        assert equal.equal and equal.round_trips == 1 and equal.definitions == {}
+        assert not archived_data(b, ALICE.did, replaced)[0]
+        write_notes(a, ALICE, 1, clock=Clock("2031-01-01T00:00:00.000000Z"), prefix="later")
+        differed = await Peer(b, ALICE).reconcile(url, tenant=ALICE.did, repair=True, definitions=False)
+    assert differed.equal and differed.definitions["fetched"] == {"Superseded": 1}
+    assert _has(b, replaced)
