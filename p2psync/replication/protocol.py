@@ -1142,6 +1142,15 @@ class ReplicationProtocol:
             return None
         result = recon.result
         assert result is not None
+        mine: list[str] = []
+        if push and result.local_only:
+            # Named now, before fetching changes our set: an id no longer in it (a message that
+            # left the state since the view, a warp of an open batch) cannot be handed over, and
+            # resuming after our head would then skip it for good, so replay instead.
+            mine = yield LocalCids(tenant, scope, recon.coder, tuple(result.local_only))
+            if not set(result.local_only) <= {recon.coder.key(c).id for c in mine}:
+                log.info("reconcile with %s: our set changed under the exchange; replaying instead", self.remote_did)
+                return None
         fetched: dict[str, int] = {}
         if result.remote_only:
             cids: list[str] = []
@@ -1158,8 +1167,7 @@ class ReplicationProtocol:
             return None
         _merge_new(fetched, more)
         taken = dict(taken_definitions)
-        if push and result.local_only:
-            mine = yield LocalCids(tenant, scope, recon.coder, tuple(result.local_only))
+        if mine:
             for start in range(0, len(mine), MAX_TAKE):
                 body = {"f": mine[start : start + MAX_TAKE], **({"c": index} if index else {})}
                 try:
