@@ -738,8 +738,8 @@ class Store:
 
         Runs between transactions, under the write lock (``BEGIN IMMEDIATE``): no other
         connection can then hold a file it wrote but has not committed a reference to. If the
-        lock is not to be had, the reported files wait for the next commit (the whole directory
-        for the next open).
+        lock is not free at once, the reported files wait for the next commit (the whole
+        directory for the next open).
         """
         if self.conn.in_transaction:
             return 0
@@ -747,10 +747,15 @@ class Store:
         if not candidates:
             self._blobs_dropped.clear()
             return 0
+        # Without waiting: a collection is never worth holding up the caller (an open, a node
+        # after its commit) behind another process's writer; the files wait for the next one.
+        self.conn.set_busy_handler(None)
         try:
             self.conn.execute("BEGIN IMMEDIATE")
         except apsw.BusyError:
             return 0
+        finally:
+            self.conn.set_busy_handler(_busy_handler(self.busy_timeout))
         removed = 0
         try:
             for cid in candidates:

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from p2psync.dwn import store as store_module
 from p2psync.dwn.blobs import STAGED_MAX, STALE_TEMPORARY_SECONDS, BlobCorrupt, parse_reference
 from p2psync.dwn.canonical import archived_data
 from p2psync.dwn.datacid import data_cid
@@ -219,3 +221,28 @@ def test_a_schema_8_store_with_its_data_in_sqlite_reads_both(tmp_path: Path) -> 
     _write(Dwn(reopened), clock, _big(3), source=old)  # an update moves old bytes to the archive
     assert archived_data(reopened, ALICE.did, message_cid(old.message)) == (True, _big(1))
     assert_files_match_rows(reopened)
+
+
+def test_collecting_never_waits_for_another_writer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A collection that finds the store locked by another connection gives up at once (its
+    busy handler is never asked to wait) and keeps its candidates; the files are untouched."""
+    asked: list[int] = []
+
+    def recording(timeout: float) -> Callable[[int], bool]:
+        def busy(tries: int) -> bool:
+            asked.append(tries)
+            return False  # a real handler would sleep and try again
+
+        return busy
+
+    path = tmp_path / "s.db"
+    store = Store(path)
+    _write(Dwn(store), Clock(), _big(1))
+    monkeypatch.setattr(store_module, "_busy_handler", recording)
+    other = Store(path)
+    with store.transaction():
+        store.data.delete(ALICE.did, "no-such-record", "x")  # takes the write lock
+        assert other.collect_blobs(everything=True) == 0
+    assert asked == []
+    assert other.collect_blobs(everything=True) == 0  # referenced: kept
+    assert store.blobs.names() == [data_cid(_big(1))]
