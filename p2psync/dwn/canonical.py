@@ -49,6 +49,7 @@ from typing import Any, Final
 
 import apsw
 
+from p2psync.dwn.blobs import parse_reference
 from p2psync.dwn.encoding import b64url_decode, json_compact, message_cid
 from p2psync.dwn.errors import DwnError
 from p2psync.dwn.generic_message import get_author
@@ -63,6 +64,7 @@ __all__ = [
     "STATEFUL",
     "History",
     "archived_data",
+    "archived_data_size",
     "archived_messages",
     "archived_record",
     "archived_without_data",
@@ -174,6 +176,26 @@ def archived_data(store: Store, tenant: str, cid: str) -> tuple[bool, bytes | No
     return (False, None) if row is None else (True, _kept_data(store, tid, *row))
 
 
+def archived_data_size(store: Store, tenant: str, cid: str) -> int | None:
+    """The size of the data ``cid`` was admitted with, without reading it (a file's is in its
+    reference, a data row's in its ``size``); None if there is none."""
+    tid = store.tenant_id(tenant, create=False)
+    if tid is None:
+        return None
+    row = store.conn.execute(_ARCHIVED_DATA_SQL, (tid, cid, tid, cid)).fetchone()
+    if row is None:
+        return None
+    data, record_id, data_in = row
+    if data is None and data_in is not None:
+        size = store.conn.execute(
+            "SELECT size FROM data WHERE tenant=? AND record_id=? AND data_cid=?", (tid, record_id, data_in)
+        ).fetchone()
+        return None if size is None else int(size[0])
+    if data is None:
+        return None
+    return parse_reference(data)[1] if type(data) is str else len(data)
+
+
 _ARCHIVED_DATA_SQL: Final = (
     "SELECT data, record_id, data_in FROM archive WHERE tenant=? AND cid=?"
     " UNION ALL SELECT data, record_id, data_in FROM archive WHERE tenant=? AND stored_cid=? AND stored_cid IS NOT cid"
@@ -183,15 +205,16 @@ _ARCHIVED_DATA_SQL: Final = (
 
 def _kept_data(store: Store, tid: int, data: Any, record_id: Any, data_in: Any) -> bytes | None:
     """An archive row's data: its ``data``, or, when ``data_in`` names the dataCid of a
-    ``data`` row that holds it (schema 7: not copied), that row's bytes."""
+    ``data`` row that holds it (schema 7: not copied), that row's bytes. Either may be a blob
+    reference (schema 9): the file's bytes, checked."""
     if data is not None or data_in is None:
-        return _opt_bytes(data)
+        return store.read_data(data)
     row = store.conn.execute(
         "SELECT bytes FROM data WHERE tenant=? AND record_id=? AND data_cid=?", (tid, record_id, data_in)
     ).fetchone()
     if row is None:  # pragma: no cover - the data row's delete trigger moves its bytes here
         raise DwnError("StoreInternal", f"the data {data_in} of record {record_id} is gone", 500)
-    return bytes(row[0])
+    return store.read_data(row[0])
 # The archive row a stored CID belongs to. archive_stored holds only the stored CIDs that
 # differ from the CID as admitted (schema 6): the others are found as a CID.
 _BY_STORED_CID_SQL: Final = (
@@ -418,7 +441,9 @@ class History:
         tid = self.store._tid(tenant)
         key = sort_key(message, cid)
         with self.store.transaction():
-            self.store.conn.execute("UPDATE archive SET data=? WHERE tenant=? AND cid=?", (data, tid, cid))
+            self.store.conn.execute(
+                "UPDATE archive SET data=? WHERE tenant=? AND cid=?", (self.store.keep_data(data), tid, cid)
+            )
             outcome: dict[str, Any] = {}
 
             def at_place(reply: Reply) -> bool:
@@ -624,7 +649,7 @@ class History:
                 _record_id(message),
                 int(initial),
                 archived_body(self.store, message),
-                None if data_in is not None else data,
+                None if data_in is not None or data is None else self.store.keep_data(data),
                 int(accepted),
                 footprint.text(),
                 undo,

@@ -11,6 +11,8 @@ Layout choices, measured on these machines (docs/benchmarks.md, FACTS.md):
 from __future__ import annotations
 
 import json
+import logging
+import os
 import time
 import uuid
 from collections import deque
@@ -21,10 +23,14 @@ from typing import Any, Final, Protocol
 import apsw
 
 from p2psync.dwn import memo as _memo
+from p2psync.dwn.blobs import BLOB_THRESHOLD, BlobFiles, blob_reference, parse_reference
+from p2psync.dwn.datacid import data_cid
 from p2psync.dwn.encoding import json_compact, message_cid
 from p2psync.dwn.errors import DwnError
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
+
+log = logging.getLogger(__name__)
 
 # Checkpoint the WAL every ~40 MB rather than the default ~4 MB: each checkpoint syncs the
 # database file, and with a dozen pages per commit the default checkpoints every ~80 commits.
@@ -334,6 +340,48 @@ _MIGRATIONS: dict[int, str] = {
     8: """
     ALTER TABLE messages ADD COLUMN wire BLOB;
     """,
+    # Record data above the inline limit as files beside the store (p2psync/dwn/blobs.py): a
+    # row keeps the TEXT blob reference "<dataCid>:<size>" where it kept the bytes (a BLOB). The
+    # rows holding references are the files' reference count, found by these partial indexes
+    # (only references enter them); the usage counts a reference by the size it names. Rows
+    # from before keep their bytes in SQLite and are read as such.
+    9: """
+    CREATE INDEX data_blob ON data(bytes) WHERE typeof(bytes) = 'text';
+    CREATE INDEX archive_blob ON archive(data) WHERE typeof(data) = 'text';
+    DROP TRIGGER IF EXISTS tenant_usage_insert;
+    DROP TRIGGER IF EXISTS tenant_usage_delete;
+    DROP TRIGGER IF EXISTS tenant_usage_update;
+    CREATE TRIGGER tenant_usage_insert AFTER INSERT ON archive BEGIN
+        INSERT INTO tenant_usage(tenant, messages, bytes)
+            VALUES(new.tenant, 1, length(CAST(new.body AS BLOB)) + coalesce(
+                CASE typeof(new.data) WHEN 'text'
+                THEN CAST(substr(new.data, instr(new.data, ':') + 1) AS INTEGER) ELSE length(new.data) END,
+                CASE WHEN new.data_in IS NOT NULL THEN json_extract(new.body, '$.descriptor.dataSize') END, 0))
+            ON CONFLICT(tenant) DO UPDATE SET messages = messages + 1, bytes = bytes + excluded.bytes;
+    END;
+    CREATE TRIGGER tenant_usage_delete AFTER DELETE ON archive BEGIN
+        UPDATE tenant_usage SET messages = messages - 1,
+            bytes = bytes - (length(CAST(old.body AS BLOB)) + coalesce(
+                CASE typeof(old.data) WHEN 'text'
+                THEN CAST(substr(old.data, instr(old.data, ':') + 1) AS INTEGER) ELSE length(old.data) END,
+                CASE WHEN old.data_in IS NOT NULL THEN json_extract(old.body, '$.descriptor.dataSize') END, 0))
+            WHERE tenant = old.tenant;
+    END;
+    CREATE TRIGGER tenant_usage_update AFTER UPDATE OF tenant, body, data, data_in ON archive BEGIN
+        UPDATE tenant_usage SET messages = messages - 1,
+            bytes = bytes - (length(CAST(old.body AS BLOB)) + coalesce(
+                CASE typeof(old.data) WHEN 'text'
+                THEN CAST(substr(old.data, instr(old.data, ':') + 1) AS INTEGER) ELSE length(old.data) END,
+                CASE WHEN old.data_in IS NOT NULL THEN json_extract(old.body, '$.descriptor.dataSize') END, 0))
+            WHERE tenant = old.tenant;
+        INSERT INTO tenant_usage(tenant, messages, bytes)
+            VALUES(new.tenant, 1, length(CAST(new.body AS BLOB)) + coalesce(
+                CASE typeof(new.data) WHEN 'text'
+                THEN CAST(substr(new.data, instr(new.data, ':') + 1) AS INTEGER) ELSE length(new.data) END,
+                CASE WHEN new.data_in IS NOT NULL THEN json_extract(new.body, '$.descriptor.dataSize') END, 0))
+            ON CONFLICT(tenant) DO UPDATE SET messages = messages + 1, bytes = bytes + excluded.bytes;
+    END;
+    """,
 }
 
 
@@ -480,12 +528,13 @@ _ROLLBACK_TO: Final = "ROLLBACK TO p2psync_scope"
 class _Transaction:
     """The scope :meth:`Store.transaction` returns (see there)."""
 
-    __slots__ = ("_conn", "_nested", "_on_rollback")
+    __slots__ = ("_conn", "_nested", "_on_end", "_on_rollback")
 
-    def __init__(self, conn: apsw.Connection, on_rollback: Callable[[], None]) -> None:
+    def __init__(self, conn: apsw.Connection, on_rollback: Callable[[], None], on_end: Callable[[], None]) -> None:
         self._conn = conn
         self._nested = False
         self._on_rollback = on_rollback  # a savepoint's rollback fires no SQLite hook
+        self._on_end = on_end
 
     def __enter__(self) -> object:
         self._nested = self._conn.in_transaction
@@ -508,13 +557,17 @@ class _Transaction:
         if exc[0] is None:
             try:
                 self._conn.execute("COMMIT")
-                return
             except BaseException:
                 if self._conn.in_transaction:  # the COMMIT itself failed: nothing was kept
                     self._conn.execute("ROLLBACK")
+                self._on_rollback()
+                self._on_end()
                 raise
+            self._on_end()
+            return
         if self._conn.in_transaction:
             self._conn.execute("ROLLBACK")
+        self._on_end()  # nothing committed: it removes the files the transaction wrote
 
 
 class Store:
@@ -541,16 +594,34 @@ class Store:
         # and durability is the WAL's, not theirs.
         self.conn.execute("PRAGMA temp_store=MEMORY")
         self.conn.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
-        self._migrate()
+        #: Record data above the inline limit, as files (p2psync/dwn/blobs.py); a store in
+        #: memory keeps it in its rows (a directory named after ":memory:" would be shared).
+        in_memory = str(path) in ("", ":memory:") or str(path).startswith("file::memory:")
+        self.blobs = BlobFiles(None if in_memory else Path(str(self.path) + BLOBS_SUFFIX))
+        # References whose files the open transaction wrote (garbage if it rolls back), and
+        # references some row stopped holding (garbage unless another row holds them): both
+        # are looked at after the next commit. Rows are dropped by any statement, a changeset
+        # or a trigger, so the temporary triggers below report them; a report that a rollback
+        # took back only costs a look.
+        self._blobs_made: set[str] = set()
+        self._blobs_dropped: set[str] = set()
         # Tenants' row ids, cached. One first seen inside a transaction is also named in
         # ``_unsettled_tenants`` until a rollback (:class:`_Transaction`'s or :meth:`rollback`)
         # forgets it: the row may have gone. (Not SQLite's rollback hook: a connection closed
         # by the garbage collector would call into a store half taken apart.)
         self._tenant_ids: dict[str, int] = {}
         self._unsettled_tenants: set[str] = set()
+        self._migrate()
+        self.conn.create_scalar_function("p2psync_blob_dropped", self._blob_dropped, 1)
+        self.conn.execute(_BLOB_DROPPED_TRIGGERS)
         self.messages = MessageStore(self)
         self.data = DataStore(self)
         self.events = EventLog(self)
+        # Files a crash left without a committed row (renamed into place, never committed).
+        try:
+            self.collect_blobs(everything=True)
+        except (apsw.Error, OSError) as exc:  # a read-only store, say: the files can wait
+            log.warning("collecting blob files of %s on open failed: %s", self.path, exc)
 
     def _migrate(self) -> None:
         version = self.scalar("PRAGMA user_version")
@@ -572,6 +643,7 @@ class Store:
 
     def close(self) -> None:
         self.conn.close()
+        self.blobs.discard_staged()
 
     def scalar(self, sql: str, args: tuple[Any, ...] = ()) -> Any:
         """The first column of the first row a statement returns."""
@@ -591,7 +663,7 @@ class Store:
         without waiting) when another connection committed in between — how a ``p2psync
         write`` used to fail while the node applied a batch. Nested ones are savepoints.
         """
-        return _Transaction(self.conn, self._rolled_back)
+        return _Transaction(self.conn, self._rolled_back, self.transaction_ended)
 
     def rollback(self) -> None:
         """Roll back the open transaction, if any, begun outside :meth:`transaction` (the group
@@ -599,12 +671,102 @@ class Store:
         if self.conn.in_transaction:
             self.conn.execute("ROLLBACK")
         self._rolled_back()
+        self.transaction_ended()
 
     def _rolled_back(self) -> None:
         """A transaction or a savepoint rolled back: what was made inside may be gone, so the
         caches stop vouching for it (a tenant's row id, the last event appended)."""
         self._forget_unsettled_tenants()
         self.events.forget_last()
+        self._blobs_dropped |= self._blobs_made
+        self._blobs_made.clear()
+
+    def transaction_ended(self) -> None:
+        """The open transaction ended (:meth:`transaction`'s, or one begun outside it: the
+        group committer calls this after its COMMIT): remove the blob files it left without a
+        committed reference (the files a rolled-back one wrote). Errors are logged, not raised:
+        the transaction's outcome stands, and the next open collects what is left."""
+        self._blobs_made.clear()
+        if self._blobs_dropped and not self.conn.in_transaction:
+            try:
+                self.collect_blobs()
+            except (apsw.Error, OSError) as exc:
+                log.error("collecting blob files of %s failed: %s", self.path, exc)
+
+    # -- large data as files (p2psync/dwn/blobs.py) -------------------------------------------
+
+    def keep_data(self, data: bytes) -> bytes | str:
+        """The value a row keeps for record data: ``data`` itself up to the inline limit, else
+        the reference to a file holding it, written (durably) now if it is not there.
+
+        Inside a write transaction only: a file's final name appears under the write lock,
+        so no collector sees it before the row that references it commits.
+        """
+        if len(data) <= BLOB_THRESHOLD or not self.blobs.enabled:
+            return data
+        if not self.conn.in_transaction:
+            raise DwnError("StoreInternal", "large data is kept inside a write transaction only", 500)
+        cid = data_cid(data)  # the engine call's memo holds it: the handler hashed these bytes
+        reference = blob_reference(cid, len(data))
+        if self.blobs.write(data, cid):
+            self._blobs_made.add(reference)
+        return reference
+
+    def read_data(self, value: Any) -> bytes | None:
+        """The record data a row's value stands for: its bytes, or its file's, checked
+        (:class:`p2psync.dwn.blobs.BlobCorrupt` when the file is missing, short or altered)."""
+        if value is None:
+            return None
+        if type(value) is str:
+            return self.blobs.read(value)
+        return bytes(value)
+
+    def _blob_dropped(self, *values: Any) -> None:
+        """SQL ``p2psync_blob_dropped(value)``, called by the temporary triggers."""
+        for value in values:
+            if type(value) is str:
+                self._blobs_dropped.add(value)
+
+    def blob_referenced(self, cid: str) -> bool:
+        """Whether a row of this connection's view references the file ``cid``."""
+        low, high = cid + ":", cid + ";"
+        return bool(self.scalar(_BLOB_REFERENCED_SQL, (low, high, low, high)))
+
+    def collect_blobs(self, *, everything: bool = False) -> int:
+        """Remove the blob files no committed row references: those reported since the last
+        commit, or (``everything``, on open) all of the directory. Returns how many went.
+
+        Runs between transactions, under the write lock (``BEGIN IMMEDIATE``): no other
+        connection can then hold a file it wrote but has not committed a reference to. If the
+        lock is not free at once, the reported files wait for the next commit (the whole
+        directory for the next open).
+        """
+        if self.conn.in_transaction:
+            return 0
+        candidates = set(self.blobs.names()) if everything else {parse_reference(r)[0] for r in self._blobs_dropped}
+        if not candidates:
+            self._blobs_dropped.clear()
+            return 0
+        # Without waiting: a collection is never worth holding up the caller (an open, a node
+        # after its commit) behind another process's writer; the files wait for the next one.
+        self.conn.set_busy_handler(None)
+        try:
+            self.conn.execute("BEGIN IMMEDIATE")
+        except apsw.BusyError:
+            return 0
+        finally:
+            self.conn.set_busy_handler(_busy_handler(self.busy_timeout))
+        removed = 0
+        try:
+            for cid in candidates:
+                if not self.blob_referenced(cid):
+                    self.blobs.remove(cid)
+                    removed += 1
+        finally:
+            self.conn.execute("COMMIT")  # nothing written: it ends the lock
+        if not everything:
+            self._blobs_dropped.clear()
+        return removed
 
     # -- tenants -------------------------------------------------------------------------
 
@@ -664,6 +826,51 @@ class Store:
         """Enable or disable a tenant; a disabled tenant's replicated messages are deferred."""
         with self.transaction():
             self.conn.execute("UPDATE tenants SET active=? WHERE id=?", (int(active), self._tid(did)))
+
+
+#: The directory of a store's blob files: the store file's name with this appended.
+BLOBS_SUFFIX: Final = ".blobs"
+
+# A row dropped or changed a blob reference (p2psync/dwn/blobs.py): tell the store, which looks
+# at the file after the next commit. TEMP: they call this connection's function, and another
+# connection (the sqlite3 shell, a reader) must be able to write without it.
+_BLOB_DROPPED_TRIGGERS: Final = """
+CREATE TEMP TRIGGER IF NOT EXISTS blob_dropped_data AFTER DELETE ON main.data
+    WHEN typeof(old.bytes) = 'text' BEGIN SELECT p2psync_blob_dropped(old.bytes); END;
+CREATE TEMP TRIGGER IF NOT EXISTS blob_changed_data AFTER UPDATE OF bytes ON main.data
+    WHEN typeof(old.bytes) = 'text' AND old.bytes IS NOT new.bytes BEGIN SELECT p2psync_blob_dropped(old.bytes); END;
+CREATE TEMP TRIGGER IF NOT EXISTS blob_dropped_archive AFTER DELETE ON main.archive
+    WHEN typeof(old.data) = 'text' BEGIN SELECT p2psync_blob_dropped(old.data); END;
+CREATE TEMP TRIGGER IF NOT EXISTS blob_changed_archive AFTER UPDATE OF data ON main.archive
+    WHEN typeof(old.data) = 'text' AND old.data IS NOT new.data BEGIN SELECT p2psync_blob_dropped(old.data); END;
+"""
+
+# Whether any row references a blob file: the references of a dataCid are the TEXT values
+# from "<cid>:" up to (not including) "<cid>;", a range of the partial indexes of schema 9.
+_BLOB_REFERENCED_SQL: Final = (
+    "SELECT EXISTS(SELECT 1 FROM data WHERE typeof(bytes) = 'text' AND bytes >= ? AND bytes < ?)"
+    " OR EXISTS(SELECT 1 FROM archive WHERE typeof(data) = 'text' AND data >= ? AND data < ?)"
+)
+
+
+def copy_store_files(source: str | Path, target: str | Path) -> None:
+    """Copy a closed store to another name: its SQLite file (and a -wal/-shm left beside it)
+    and its blob directory, whose files are hard-linked where the file system allows (they
+    never change once written). The store is a file and a directory: a copy of the file alone
+    is not a store."""
+    import shutil
+
+    for suffix in ("", "-wal", "-shm"):
+        if Path(f"{source}{suffix}").exists():
+            shutil.copyfile(f"{source}{suffix}", f"{target}{suffix}")
+    blobs, copied = Path(f"{source}{BLOBS_SUFFIX}"), Path(f"{target}{BLOBS_SUFFIX}")
+    if blobs.is_dir():
+        shutil.rmtree(copied, ignore_errors=True)
+        try:
+            shutil.copytree(blobs, copied, copy_function=os.link)
+        except OSError:  # another file system: copy the bytes
+            shutil.rmtree(copied, ignore_errors=True)
+            shutil.copytree(blobs, copied)
 
 
 def _busy_handler(timeout: float) -> Callable[[int], bool]:
@@ -929,16 +1136,21 @@ class MessageStore:
 
 
 class DataStore:
-    """Record data too large to travel inline, keyed by (tenant, recordId, dataCid)."""
+    """Record data too large to travel inline, keyed by (tenant, recordId, dataCid).
+
+    The bytes are a file beside the store (``Store.keep_data``; rows of schema 8 and before
+    hold them in SQLite, and are read as they are). The same data under two keys is one file.
+    """
 
     def __init__(self, store: Store) -> None:
         self._s = store
 
     def put(self, tenant: str, record_id: str, data_cid: str, data: bytes) -> int:
-        self._s.conn.execute(
-            "INSERT OR REPLACE INTO data(tenant, record_id, data_cid, size, bytes) VALUES(?,?,?,?,?)",
-            (self._s._tid(tenant), record_id, data_cid, len(data), data),
-        )
+        with self._s.transaction():  # the file and its row under one write lock
+            self._s.conn.execute(
+                "INSERT OR REPLACE INTO data(tenant, record_id, data_cid, size, bytes) VALUES(?,?,?,?,?)",
+                (self._s._tid(tenant), record_id, data_cid, len(data), self._s.keep_data(data)),
+            )
         return len(data)
 
     def get(self, tenant: str, record_id: str, data_cid: str) -> bytes | None:
@@ -948,7 +1160,18 @@ class DataStore:
         row = self._s.conn.execute(
             "SELECT bytes FROM data WHERE tenant=? AND record_id=? AND data_cid=?", (tid, record_id, data_cid)
         ).fetchone()
-        return None if row is None else bytes(row[0])
+        return None if row is None else self._s.read_data(row[0])
+
+    def file_reference(self, tenant: str, record_id: str, data_cid: str) -> str | None:
+        """The blob reference of this data when its bytes are a file (read them with
+        ``store.blobs.read``, which touches no row: any thread may), else None."""
+        tid = self._s.tenant_id(tenant, create=False)
+        if tid is None:
+            return None
+        row = self._s.conn.execute(
+            "SELECT bytes FROM data WHERE tenant=? AND record_id=? AND data_cid=?", (tid, record_id, data_cid)
+        ).fetchone()
+        return row[0] if row is not None and type(row[0]) is str else None
 
     def size(self, tenant: str, record_id: str, data_cid: str) -> int | None:
         tid = self._s.tenant_id(tenant, create=False)

@@ -23,6 +23,7 @@ from p2psync import blip
 from p2psync.blip.rpc import MAX_QUEUED_REPLY_BYTES_HARD
 from p2psync.blip.wire import WIDE_UNACKED_BYTES
 from p2psync.dwn import datacid
+from p2psync.dwn.blobs import BLOB_THRESHOLD
 from p2psync.replication.effects import (
     AwaitClaim,
     ClaimMessages,
@@ -31,6 +32,7 @@ from p2psync.replication.effects import (
     Durable,
     Operation,
     OperationFinished,
+    ReadOffered,
     RecordSteps,
     ReleaseClaims,
     SendError,
@@ -239,6 +241,12 @@ class PeerSession:
             assert self.conn is not None
             self.conn.start_soon(self._store_durable, call)
             return
+        if type(request) is ReadOffered:
+            reference = self.service.store.data.file_reference(request.tenant, request.record_id, request.data_cid)
+            if reference is not None:
+                assert self.conn is not None
+                self.conn.start_soon(self._read_file, call, reference)
+                return
         if call.ref < 0:
             if isinstance(request, RecordSteps) and request.at_commit:
                 self.service.record_at_commit(request, self.proto.fail_feed)
@@ -254,6 +262,17 @@ class PeerSession:
             self.proto.store_failed(call.ref, exc)
         else:
             self.proto.store_done(call.ref, value)
+
+    async def _read_file(self, call: StoreCall, reference: str) -> None:
+        """Offered data held as a file, read and checked against its dataCid on a worker
+        thread (file reads and SHA-256 release the GIL): the loop goes on sending meanwhile."""
+        try:
+            data = await trio.to_thread.run_sync(self.service.store.blobs.read, reference)
+        except Exception as exc:
+            self.proto.store_failed(call.ref, exc)
+        else:
+            self.proto.store_done(call.ref, data)
+        self.pump()
 
     def _claims(self, call: StoreCall) -> None:
         """The peer's in-flight claims (issue #17), kept here beside the store's service."""
@@ -349,16 +368,13 @@ class PeerSession:
         self.pump()
 
     async def _streamed(self, out: SendRequest, limit: int) -> tuple[bytes, str | None]:
-        """A reply read as it streams, and for `getAttachment` its data CID, hashed while the
-        rest is still on the way; more than ``limit`` bytes closes the connection (BLIP
-        cannot cancel a reply; §9.1)."""
+        """A reply read as it streams, and for `getAttachment` its data CID; more than
+        ``limit`` bytes closes the connection (BLIP cannot cancel a reply; §9.1)."""
         assert self.conn is not None
         # One growing buffer rather than a list joined at the end: the pieces would all stay
         # alive until the join, and 10 MiB of fresh heap a record costs more page faults than
         # the buffer's growth (measured: 9.3 against 7.0 ms a 10 MiB record).
         buf = bytearray()
-        hasher = datacid.DataCidBuilder() if out.profile == "getAttachment" else None
-        hashed = 0  # bytes of buf fed to the hasher: whole chunks of the data CID's, not frames
         async with self.conn.request_stream(out.profile, out.properties, out.body) as reply:
             async for chunk in reply.body_stream:
                 buf += chunk
@@ -366,14 +382,21 @@ class PeerSession:
                     log.info("closing: P2PSync 413 AttachmentTooLong %s", out.properties.get("messageCid", ""))
                     await self.conn.aclose(code=1008, reason="P2PSync 413 AttachmentTooLong")
                     raise PeerError(424, "AttachmentInvalid", "more data than dataSize")
-                if hasher is not None and len(buf) - hashed >= datacid.CHUNK_SIZE:
-                    end = hashed + datacid.CHUNK_SIZE
-                    hasher.update(memoryview(buf)[hashed:end])  # the view dies here: buf may grow
-                    hashed = end
-        if hasher is None:
-            return bytes(buf), None
-        hasher.update(memoryview(buf)[hashed:])
-        return bytes(buf), hasher.finish()
+        data = bytes(buf)
+        del buf
+        if out.profile != "getAttachment":
+            return data, None
+        if len(data) <= BLOB_THRESHOLD:
+            return data, datacid.data_cid(data)
+        # Large data is hashed, then written and fsync'd to a temporary file, on a worker
+        # thread (SHA-256 and file writes release the GIL) while the loop reads the next
+        # attachment: the apply that keeps it then only renames the file (dwn/blobs.py).
+        return data, await trio.to_thread.run_sync(self._hash_and_stage, data)
+
+    def _hash_and_stage(self, data: bytes) -> str:
+        cid = datacid.data_cid(data)
+        self.service.store.blobs.stage(data, cid)
+        return cid
 
     async def _close(self, out: CloseConnection) -> None:
         assert self.conn is not None

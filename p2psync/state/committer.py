@@ -175,6 +175,7 @@ class GroupCommitter:
             self._committed.set()
             self._committed = trio.Event()
         if batch.error is None:
+            self.store.transaction_ended()  # the blob files the batch left unreferenced (dwn/blobs.py)
             for fn in list(self._after_commit):
                 try:
                     fn()

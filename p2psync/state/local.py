@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from p2psync.dwn.canonical import archived_data, archived_messages
+from p2psync.dwn.canonical import archived_data, archived_data_size, archived_messages
 from p2psync.dwn.encoding import b64url_decode, message_cid
 from p2psync.dwn.engine import Dwn
 from p2psync.dwn.generic_message import get_newest_message, is_older
@@ -61,7 +61,9 @@ MAX_DATA_SIZE_ENCODED = 30_000
 #: bytes: the state keeps them only as base64url inside the JSON); any other as its JSON alone.
 StoredRow = tuple[str | None, bytes | None, bytes | None, str | None]
 
-_SENT_AS_STORED = f"m.wire IS NOT NULL AND length(a.data) BETWEEN 1 AND {MAX_DATA_SIZE_ENCODED}"
+_SENT_AS_STORED = (
+    f"m.wire IS NOT NULL AND typeof(a.data) = 'blob' AND length(a.data) BETWEEN 1 AND {MAX_DATA_SIZE_ENCODED}"
+)
 # A page of the log with what each message needs to be listed (StoredRow). length() of a blob
 # reads no overflow page: a large archived body is not read here.
 _LOG_PAGE = (
@@ -197,10 +199,12 @@ class LocalStoreFetcher:
             size = self.store.data.size(tenant, message["recordId"], descriptor["dataCid"])
             return entry, size
         if _is_write_with_data(entry.message):
-            kept = archived_data(self.store, tenant, cid)[1]  # superseded here, kept in the archive
-            if kept is not None:
-                small = len(kept) <= MAX_DATA_SIZE_ENCODED
-                return (ReplicationEntry(entry.message, kept, entry.cid) if small else entry), len(kept)
+            size = archived_data_size(self.store, tenant, cid)  # superseded here, kept in the archive
+            if size is not None and size <= MAX_DATA_SIZE_ENCODED:
+                kept = archived_data(self.store, tenant, cid)[1]
+                if kept is not None:
+                    return ReplicationEntry(entry.message, kept, entry.cid), len(kept)
+            return entry, size
         return entry, None
 
     def record_entries(self, tenant: str, record_id: str, protocol: str | None = None) -> list[ReplicationEntry]:

@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -44,7 +43,7 @@ from p2psync.cli.home import Home  # noqa: E402
 from p2psync.dwn.did import Identity  # noqa: E402
 from p2psync.dwn.engine import Dwn  # noqa: E402
 from p2psync.dwn.records_write import RecordsWrite  # noqa: E402
-from p2psync.dwn.store import Store  # noqa: E402
+from p2psync.dwn.store import Store, copy_store_files  # noqa: E402
 from p2psync.replication.scope import SyncScope  # noqa: E402
 from p2psync.state.setindex import SetIndex  # noqa: E402
 from p2psync.state.sketches import SetSketches  # noqa: E402
@@ -76,10 +75,8 @@ def write(dwn: Dwn, author: Identity, count: int, clock: Clock, prefix: str) -> 
 
 
 def copy_store(source: Path, target: Path) -> None:
-    """A closed store's file (and any -wal/-shm left) under another name."""
-    for suffix in SQLITE_SUFFIXES:
-        if Path(f"{source}{suffix}").exists():
-            shutil.copyfile(f"{source}{suffix}", f"{target}{suffix}")
+    """A closed store's file (and any -wal/-shm left, and its blob files) under another name."""
+    copy_store_files(source, target)
 
 
 def base_store(n: int, root: Path, cache: Path | None) -> Path:

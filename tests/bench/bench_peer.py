@@ -91,7 +91,7 @@ from p2psync.blip.wire import MAX_UNACKED_BYTES, WIDE_UNACKED_BYTES  # noqa: E40
 from p2psync.dwn.encoding import b64url_decode, b64url_encode  # noqa: E402
 from p2psync.dwn.engine import Dwn  # noqa: E402
 from p2psync.dwn.records_write import RecordsWrite  # noqa: E402
-from p2psync.dwn.store import Store  # noqa: E402
+from p2psync.dwn.store import BLOBS_SUFFIX, Store, copy_store_files  # noqa: E402
 from p2psync.state.setindex import SetIndex  # noqa: E402
 from tests.bench.bench_blip import LARGE_SIZES, large_download_two_processes  # noqa: E402
 from tests.replication.support import Clock, seeded  # noqa: E402
@@ -127,7 +127,12 @@ def build(path: Path, count: int, size: int) -> None:
         return
     tmp = path.with_suffix(".building")
     for leftover in tmp.parent.glob(tmp.name + "*"):
-        leftover.unlink()
+        if leftover.is_dir():  # its blob files
+            import shutil
+
+            shutil.rmtree(leftover)
+        else:
+            leftover.unlink()
     store = Store(tmp)
     dwn = Dwn(store)
     clock = Clock("2030-01-01T00:00:00.000000Z")
@@ -148,6 +153,8 @@ def build(path: Path, count: int, size: int) -> None:
             print(f"  built {start:,} records ({time.perf_counter() - started:.0f} s)", file=sys.stderr)
     store.close()
     fold_journal(tmp, count)
+    if Path(str(tmp) + BLOBS_SUFFIX).is_dir():
+        Path(str(tmp) + BLOBS_SUFFIX).rename(str(path) + BLOBS_SUFFIX)
     tmp.rename(path)
     for suffix in ("-wal", "-shm"):
         side = Path(str(tmp) + suffix)
@@ -273,17 +280,18 @@ def run_pair(server_store: Path, client_store: Path, direction: str, tls: bool =
 
 
 def fresh(path: Path) -> Path:
+    import shutil
+
     for p in (path, Path(str(path) + "-wal"), Path(str(path) + "-shm")):
         if p.exists():
             p.unlink()
+    shutil.rmtree(str(path) + BLOBS_SUFFIX, ignore_errors=True)
     return path
 
 
 def copy_store(src: Path, dst: Path) -> Path:
-    import shutil
-
     fresh(dst)
-    shutil.copyfile(src, dst)
+    copy_store_files(src, dst)
     return dst
 
 

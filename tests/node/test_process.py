@@ -9,7 +9,6 @@ network namespaces, tests/discovery/), so nothing leaves loopback.
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import time
 from collections.abc import Iterator
@@ -19,7 +18,7 @@ from typing import Any
 import pytest
 
 from p2psync.cli.home import Home
-from p2psync.dwn.store import Store
+from p2psync.dwn.store import Store, copy_store_files
 from p2psync.state.copies import CheckpointCopies, checkpoint_id
 from p2psync.state.digest import store_digest
 from p2psync.state.ledger import Direction, Ledger
@@ -135,7 +134,7 @@ def test_sigkill_mid_sync_then_restart_converges_exactly_once(
     """
     a, b = homes
     holder, receiver = (a, b) if killed == "puller" else (b, a)
-    shutil.copy(large_store, holder.store_path)
+    copy_store_files(large_store, holder.store_path)
     served = NodeProcess(a.path, "--port", "0")
     port = served.port
     config = config_file(b, f'[listen]\nport = 0\n[[peer]]\nurl = "{served.url}"\n')

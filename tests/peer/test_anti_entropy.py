@@ -7,12 +7,11 @@ check afterwards costs one round trip. A reader of part of a tenant may not reco
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 
-from p2psync.dwn.store import Store
+from p2psync.dwn.store import Store, copy_store_files
 from p2psync.peer.peer import Peer
 from p2psync.replication.wire import PeerError
 from p2psync.state.digest import store_digest
@@ -29,9 +28,7 @@ def diverged(tmp_path: Path, common: int, only_a: int, only_b: int) -> tuple[Sto
     a = new_store(tmp_path, "a")
     write_notes(a, ALICE, common, clock=clock)
     a.close()
-    for suffix in ("", "-wal", "-shm"):
-        if (tmp_path / f"a.db{suffix}").exists():
-            shutil.copy(tmp_path / f"a.db{suffix}", tmp_path / f"b.db{suffix}")
+    copy_store_files(tmp_path / "a.db", tmp_path / "b.db")
     a, b = new_store(tmp_path, "a"), new_store(tmp_path, "b")
     before_a = set(a.messages.cids(ALICE.did))
     write_notes(a, ALICE, only_a, clock=clock, prefix="a")

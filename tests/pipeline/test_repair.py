@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import queue
-import shutil
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,7 +26,7 @@ from p2psync.cli import main
 from p2psync.cli.home import Home
 from p2psync.dwn.did import Identity
 from p2psync.dwn.engine import Dwn
-from p2psync.dwn.store import Store
+from p2psync.dwn.store import Store, copy_store_files
 from p2psync.peer.peer import Peer
 from p2psync.pipeline.export import export_store
 from p2psync.pipeline.reconcile import read_repair_items, reconcile
@@ -75,7 +74,7 @@ def world(tmp_path_factory: pytest.TempPathFactory, spark: SparkSession) -> dict
 def fresh_t(world: dict[str, Any], tmp_path: Path) -> Path:
     """A byte copy of T as exported (same storeId, so the plan's rows for T are its rows)."""
     path = tmp_path / "t.db"
-    shutil.copyfile(world["root"] / "t.db", path)
+    copy_store_files(world["root"] / "t.db", path)
     return path
 
 

@@ -7,7 +7,6 @@ replica then holds is whatever the engine kept (a delete prunes the record's upd
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import Any
 
 from p2psync.dwn.engine import Dwn
 from p2psync.dwn.records_write import RecordsWrite
-from p2psync.dwn.store import Store
+from p2psync.dwn.store import Store, copy_store_files
 from p2psync.pipeline.export import export_store
 from tests.replication.support import ChatWorld, Step, chat_world, grant_world, process_all
 
@@ -132,8 +131,8 @@ def delete_messages(store_path: Path, tenant: str, cids: Iterable[str]) -> None:
 
 
 def copy_store(src: Path, dst: Path) -> None:
-    """A byte copy of a closed store (the WAL is checkpointed on close)."""
-    shutil.copyfile(src, dst)
+    """A byte copy of a closed store (the WAL is checkpointed on close), blob files included."""
+    copy_store_files(src, dst)
 
 
 def chat_definition_with_reads() -> dict[str, Any]:

@@ -12,6 +12,7 @@ from typing import Any
 
 from p2psync.conformance import load_scenario
 from p2psync.dwn import permissions
+from p2psync.dwn.blobs import parse_reference
 from p2psync.dwn.did import Identity
 from p2psync.dwn.encoding import message_cid
 from p2psync.dwn.engine import Dwn
@@ -19,7 +20,7 @@ from p2psync.dwn.protocols import ProtocolsConfigure
 from p2psync.dwn.records import create_records_delete
 from p2psync.dwn.records_write import RecordsWrite
 from p2psync.dwn.replication_types import ReplicationApplyResult
-from p2psync.dwn.store import Store
+from p2psync.dwn.store import BLOBS_SUFFIX, Store
 from p2psync.dwn.timeutil import add_seconds
 from p2psync.replication.closure import ClosureAdmitter, ClosureOutcome, ReplicationEntry
 from p2psync.state.local import LocalApplier, LocalStoreFetcher
@@ -318,9 +319,25 @@ def kinds(results: Iterable[ReplicationApplyResult]) -> list[str]:
     return [r.kind for r in results]
 
 
+def undo_schema_9(conn: Any) -> None:
+    """Take out what schema 9 added (record data as files: each blob reference replaced by its
+    file's bytes, the partial indexes of references dropped)."""
+    blobs = Path(conn.filename + BLOBS_SUFFIX)
+
+    def unfile(value: Any) -> Any:
+        return (blobs / parse_reference(value)[0]).read_bytes() if isinstance(value, str) else value
+
+    conn.create_scalar_function("p2psync_unfile", unfile, 1)
+    conn.execute("UPDATE data SET bytes = p2psync_unfile(bytes) WHERE typeof(bytes) = 'text'")
+    conn.execute("UPDATE archive SET data = p2psync_unfile(data) WHERE typeof(data) = 'text'")
+    conn.execute("DROP INDEX IF EXISTS data_blob")
+    conn.execute("DROP INDEX IF EXISTS archive_blob")
+
+
 def undo_schema_8(conn: Any) -> None:
-    """Take out what schema 8 added (the messages' ``wire``), for tests that turn a store back
-    into an older schema's and open it again."""
+    """Take out what schemas 8 and 9 added (the messages' ``wire``; data as files), for tests
+    that turn a store back into an older schema's and open it again."""
+    undo_schema_9(conn)
     if any(row[1] == "wire" for row in conn.execute("PRAGMA table_info(messages)")):
         conn.execute("ALTER TABLE messages DROP COLUMN wire")
 

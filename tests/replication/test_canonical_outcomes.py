@@ -454,9 +454,11 @@ def test_large_data_appended_then_updated_then_warped(tmp_path: Path, restricts:
     for dwn in (canonical, late):
         assert dwn.history.verify(w.tenant) == {"missing": [], "extra": [], "changed": [], "data": []}
         assert dwn.store.usage(w.tenant) == usage_scanned(dwn)
-    # the updates dropped the write's data row: its bytes moved into its archive row
+    # the updates dropped the write's data row: its bytes (their file's reference) moved into
+    # its archive row
     held = late.store.conn.execute("SELECT data, data_in FROM archive WHERE cid=?", (first.cid,)).fetchone()
-    assert held == (first.data, None)
+    assert held == (f"{note.message['descriptor']['dataCid']}:{len(first.data)}", None)
+    assert late.store.read_data(held[0]) == first.data
     if restricts:
         # refused at its place: the write's data row went with its undo, none came back
         assert not snapshot(late.store, w.tenant).data

@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from p2psync.dwn.engine import Dwn
-from p2psync.dwn.store import Store
+from p2psync.dwn.store import Store, copy_store_files
 from p2psync.replication.hello import new_hello
 from p2psync.replication.protocol import ReplicationProtocol
 from p2psync.replication.scope import SyncScope
@@ -80,7 +79,7 @@ def _pull_everything(
 ) -> tuple[Side, Side, dict[str, int]]:
     offers_source, offers_sink = PATHS[path_name]
     copy = tmp_path / "source.db"
-    shutil.copyfile(scenario.path, copy)  # closed, so its WAL is checkpointed into the file
+    copy_store_files(scenario.path, copy)  # closed, so its WAL is checkpointed into the file
     source = _side(copy, "source", active=False, capabilities=offers_source)
     replica = _side(tmp_path / "replica.db", "replica", active=True, capabilities=offers_sink)
     wire = Wire(source, replica, random.Random(f"{seed}:{scenario.name}"))
@@ -155,9 +154,9 @@ def test_any_head_start_batch_and_delivery_order_ends_identical(
     seed = data.draw(st.integers(0, 2**16), label="delivery seed")
     where = tmp_path_factory.mktemp("property")
     copy = where / "source.db"
-    shutil.copyfile(scenario.path, copy)
+    copy_store_files(scenario.path, copy)
     held = Store(copy)
-    everything = [(t, json.loads(body), data_) for t in scenario.tenants
+    everything = [(t, json.loads(body), held.read_data(data_)) for t in scenario.tenants
                   for body, data_ in held.conn.execute(
                       "SELECT a.body, a.data FROM archive a JOIN tenants t ON t.id = a.tenant WHERE t.did=?", (t,))]
     held.close()

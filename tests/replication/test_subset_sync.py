@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,7 +40,7 @@ from p2psync.dwn.permission_grant import PermissionGrant
 from p2psync.dwn.protocols import ProtocolsConfigure, ProtocolsQuery
 from p2psync.dwn.records import create_records_delete, create_records_query, create_records_read
 from p2psync.dwn.records_write import RecordsWrite
-from p2psync.dwn.store import Store
+from p2psync.dwn.store import Store, copy_store_files
 from p2psync.dwn.urls import normalize_protocol_url
 from p2psync.replication.effects import AnswerRefs
 from p2psync.replication.hello import REVS, ROLE_RECORDS
@@ -378,7 +377,7 @@ def test_every_scenario_subset_answers_as_the_source_and_a_full_pull_moves_only_
                 count += 1
                 where = tmp_path / f"{count}"
                 where.mkdir()
-                shutil.copyfile(scenario.path, where / "source.db")
+                copy_store_files(scenario.path, where / "source.db")
                 source, replica, wire, sent = connect(where / "source.db", where / "replica.db", count)
                 label = (scenario.name, scope.to_wire())
                 pull(replica, wire, tenant, scope)

@@ -120,7 +120,7 @@ def test_a_schema_7_store_gets_the_column_and_lists_as_before(tmp_path: Path) ->
 
     reopened = Dwn(Store(tmp_path / "replica.db"))
     conn = reopened.store.conn
-    assert reopened.store.scalar("PRAGMA user_version") == SCHEMA_VERSION == 8
+    assert reopened.store.scalar("PRAGMA user_version") == SCHEMA_VERSION == 9
     rows, kept = conn.execute("SELECT count(*), count(wire) FROM messages").fetchone()
     assert rows > 0 and kept == 0
     assert listing(reopened.store, w.tenant) == want  # every row from its JSON
