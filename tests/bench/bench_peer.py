@@ -208,10 +208,43 @@ def sync(store_path: str, url: str, direction: str, pin: str) -> None:
     # (seconds since the sync began, messages settled, this process's CPU seconds since then)
     samples: list[tuple[float, int, float]] = []
 
+    from p2psync.dwn import ed25519
+
+    latencies: list[float] = []  # seconds from each `rev` (or `revs`) arriving to its reply
+    waits: list[float] = []  # seconds each wait for a durable commit took
+
+    class Latency:
+        """Records each `rev` reply's latency (the sink holds a reply until its commit)."""
+
+        def __getattr__(self, name: str) -> Any:
+            return lambda *args: None
+
+        def rev_started(self) -> float:
+            return time.perf_counter()
+
+        def rev_finished(self, started: float, kind: str) -> None:
+            latencies.append(time.perf_counter() - started)
+
     async def main() -> dict[str, Any]:
         peer = Peer(Store(store_path), ALICE)
+        peer.metrics = Latency()  # type: ignore[assignment]
+        durable = peer.committer.durable
+
+        async def timed_durable(batch: Any) -> None:
+            # How long a reply waits for the commit that holds its applies (held back longer
+            # when a commit groups more `revs`).
+            start = time.perf_counter()
+            try:
+                await durable(batch)
+            finally:
+                waits.append(time.perf_counter() - start)
+
+        peer.committer.durable = timed_durable  # type: ignore[method-assign]
         started, cpu = time.perf_counter(), _cpu_s()
         start_cpu = time.process_time()
+        loop_cpu = time.thread_time()  # the event loop's thread alone (trio runs on this one)
+        memo = getattr(ed25519, "AHEAD", None)  # None: code from before the signature worker
+        ahead = (memo.kept, memo.taken) if memo is not None else (0, 0)
         last = started
         newest = (0.0, 0, 0.0)  # the latest change, so the final count is timed when it was reached
 
@@ -228,11 +261,21 @@ def sync(store_path: str, url: str, direction: str, pin: str) -> None:
         summary = await peer.sync(target, tenant=ALICE.did, direction=direction,  # type: ignore[arg-type]
                                   on_progress=on_progress)
         seconds, cpu = time.perf_counter() - started, _cpu_s() - cpu
+        loop = time.thread_time() - loop_cpu
         stats = summary.pull if direction == "pull" else summary.push
         assert stats is not None
         if not samples or samples[-1] != newest:
             samples.append(newest)
-        return {"seconds": seconds, "cpu_s": cpu, "settled": stats.revs_settled, "results": stats.results,
+        latencies.sort()
+        waits.sort()
+        sink = {"loop_cpu_s": loop, "commits": peer.committer.commits,
+                "durable_ms": [round(waits[int(q * (len(waits) - 1))] * 1000, 1) for q in (0.5, 0.9, 0.99, 1.0)]
+                if waits else [],
+                "ahead_kept": memo.kept - ahead[0] if memo is not None else 0,
+                "ahead_taken": memo.taken - ahead[1] if memo is not None else 0,
+                "latency_ms": [round(latencies[int(q * (len(latencies) - 1))] * 1000, 1) for q in (0.5, 0.9, 0.99, 1.0)]
+                if latencies else []}
+        return {"seconds": seconds, "cpu_s": cpu, "settled": stats.revs_settled, "results": stats.results, **sink,
                 "bytes": stats.bytes_received if direction == "pull" else stats.bytes_sent,
                 "rss_mb": round(_rss_mb(), 1), "samples": samples}
 
@@ -352,9 +395,18 @@ def sampled(path: str, run: Any, *args: str) -> None:
 def _cpu_line(r: dict[str, Any], count: int, v: float) -> str:
     """CPU per message on each side in verify units (CPU seconds per message × V): what bounds
     the rate when both sides share the machine's cores, in the unit the issue's targets use."""
-    return (f"  CPU per message, in verifies: syncing side {r['cpu_s'] / count * v:.2f} "
+    line = (f"  CPU per message, in verifies: syncing side {r['cpu_s'] / count * v:.2f} "
             f"({r['cpu_s'] / count * 1e6:,.0f} us), serving side {r['server_cpu_s'] / count * v:.2f} "
             f"({r['server_cpu_s'] / count * 1e6:,.0f} us)")
+    if "loop_cpu_s" in r:
+        # The syncing process's figure counts every thread of it (the signature worker too);
+        # its event loop's thread alone is what bounds the rate while a second core is free.
+        line += (f"\n  the syncing side's event loop thread: {r['loop_cpu_s'] / count * 1e6:,.0f} us a message; "
+                 f"signatures verified ahead {r['ahead_kept']:,}, taken {r['ahead_taken']:,}; "
+                 f"{r['commits']:,} commits ({count / max(r['commits'], 1):.0f} messages a commit); "
+                 f"`rev` reply latency p50/p90/p99/max {r['latency_ms']} ms, of which waiting for "
+                 f"the commit {r['durable_ms']} ms")
+    return line
 
 
 def _rate_lines(what: str, r: dict[str, Any], count: int, v: float, roles: tuple[str, str]) -> str:
