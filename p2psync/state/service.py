@@ -461,7 +461,7 @@ class StoreService:
                 quotas.admitted(tenant, payer, before)  # charged in the apply's own transaction
             return result
 
-        return self.committer.run(apply_and_note_origin)
+        return self.committer.run(apply_and_note_origin, size=len(entry.data) if entry.data is not None else 0)
 
     def _record_steps(self, request: fx.RecordSteps) -> None:
         try:
