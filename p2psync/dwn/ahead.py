@@ -32,7 +32,7 @@ __all__ = ["IDLE_SECONDS", "MAX_PENDING", "SignatureWorker", "second_core"]
 #: sink's pause between `revs` under load, short enough that a finished sync leaves no thread.
 IDLE_SECONDS: Final = 1.0
 #: Messages queued and not verified yet past which a batch is not queued (the engine verifies
-#: it inline): a worker that cannot keep up must not verify what was applied long ago. Below
+#: it inline): a worker that cannot keep up must not verify what was applied long ago. Half of
 #: :data:`p2psync.dwn.ed25519.AHEAD_CAPACITY`, so what it verifies is still kept when used. Ours.
 MAX_PENDING: Final = 1024
 

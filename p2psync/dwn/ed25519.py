@@ -318,9 +318,10 @@ def _bound(entries: dict[tuple[bytes, bytes, bytes], None], capacity: int) -> in
     return dropped
 
 
-#: Acceptances a sink's batch may have waiting: several `revs` of 64 ahead of the engine (the
-#: worker runs ~6x faster than the apply, so it is rarely more than one batch ahead). Ours.
-AHEAD_CAPACITY: Final = 4096
+#: Acceptances (and notes of signatures the engine verified first) kept at most: twice the
+#: messages a worker may have queued (ahead.MAX_PENDING), so none is dropped before its use;
+#: ~0.7 KB each for a 1 KiB record's signature, ~1.4 MB at most. Ours.
+AHEAD_CAPACITY: Final = 2048
 #: The one memo the engine consults (per process: keyed by exact bytes, any peer may fill it).
 AHEAD: Final = Ahead(AHEAD_CAPACITY)
 
