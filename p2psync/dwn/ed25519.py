@@ -290,6 +290,9 @@ class Ahead:
     def take(self, public_key: bytes, signature: bytes, message: bytes) -> bool:
         """Whether an acceptance of exactly these bytes was kept (it is used up). When none
         was, the caller verifies them itself: noted, so that the worker does not."""
+        if not self._accepted and not self.pending:
+            self.missed += 1  # nothing kept, nothing coming (the engine alone: no lock taken)
+            return False
         key = (public_key, signature, message)
         with self._lock:
             if self._accepted.pop(key, True) is None:

@@ -44,11 +44,11 @@ log = logging.getLogger("p2psync.peer.commit")
 T = TypeVar("T")
 
 #: Writes per transaction before a commit is forced. Ours: the fsync is amortized by ~64, but
-#: a commit also writes every page its messages dirtied, and at 90,000 stored the interior
-#: pages of five random-key indexes are shared by more messages in a longer batch: 10.48 WAL
-#: frames a message at 64 a commit, 9.67 at 200, 9.43 at 256 (tests/bench/bench_apply_pages.py).
-#: The cost is latency: a reply waits for the batch's last write (~0.1 s for 256 small
-#: messages), and only while writes keep arriving back to back.
+#: a commit also writes every page its messages dirtied, and the pages of five random-key
+#: indexes are shared by more messages in a longer batch: WAL frames a message 8.47 at 64 a
+#: commit and 6.23 at 200 with 8,000 stored; 10.48, 9.67 and 9.43 at 64, 200 and 256 with
+#: 90,000 (tests/bench/bench_apply_pages.py). The cost is latency: a reply waits for the
+#: batch's last write (~0.1 s for 256 small messages), only while writes arrive back to back.
 MAX_BATCH_WRITES: Final = 256
 #: Bytes of record data per transaction before a commit is forced: a batch of large records
 #: (data fetched out of line, up to 100 MiB each) commits as soon as this much waits, so the
