@@ -181,6 +181,7 @@ def serve(store_path: str, port_file: str, tls: str) -> None:
     import trio
 
     from p2psync.blip.tls import new_certificate
+    from p2psync.dwn import ed25519
     from p2psync.peer.peer import Peer
 
     async def main() -> None:
@@ -191,10 +192,15 @@ def serve(store_path: str, port_file: str, tls: str) -> None:
             scheme = "ws" if cert is None else f"wss {cert.fingerprint}"
             Path(port_file).write_text(f"{server.port} {scheme}")
             # Serve until stdin closes (the orchestrator's signal), then report.
-            ready = _cpu_s()
+            ready, loop = _cpu_s(), time.thread_time()
+            memo = getattr(ed25519, "AHEAD", None)  # None: code from before the signature worker
             await trio.to_thread.run_sync(sys.stdin.read)
             nursery.cancel_scope.cancel()
-        print(json.dumps({"rss_mb": round(_rss_mb(), 1), "cpu_s": _cpu_s() - ready}), flush=True)
+        print(json.dumps({"rss_mb": round(_rss_mb(), 1), "cpu_s": _cpu_s() - ready,
+                          # the receiving side of a push: its event loop's thread, its worker, its commits
+                          "loop_cpu_s": time.thread_time() - loop, "commits": peer.committer.commits,
+                          "ahead_kept": memo.kept if memo is not None else 0,
+                          "ahead_taken": memo.taken if memo is not None else 0}), flush=True)
 
     trio.run(main)
 
@@ -276,6 +282,7 @@ def sync(store_path: str, url: str, direction: str, pin: str) -> None:
                 "latency_ms": [round(latencies[int(q * (len(latencies) - 1))] * 1000, 1) for q in (0.5, 0.9, 0.99, 1.0)]
                 if latencies else []}
         return {"seconds": seconds, "cpu_s": cpu, "settled": stats.revs_settled, "results": stats.results, **sink,
+                "direction": direction,
                 "bytes": stats.bytes_received if direction == "pull" else stats.bytes_sent,
                 "rss_mb": round(_rss_mb(), 1), "samples": samples}
 
@@ -312,6 +319,7 @@ def run_pair(server_store: Path, client_store: Path, direction: str, tls: bool =
         server_report = json.loads(tail.strip().splitlines()[-1])
         result["server_rss_mb"] = server_report["rss_mb"]
         result["server_cpu_s"] = server_report["cpu_s"]
+        result["server"] = server_report
         return result
 
 
@@ -398,14 +406,19 @@ def _cpu_line(r: dict[str, Any], count: int, v: float) -> str:
     line = (f"  CPU per message, in verifies: syncing side {r['cpu_s'] / count * v:.2f} "
             f"({r['cpu_s'] / count * 1e6:,.0f} us), serving side {r['server_cpu_s'] / count * v:.2f} "
             f"({r['server_cpu_s'] / count * 1e6:,.0f} us)")
-    if "loop_cpu_s" in r:
-        # The syncing process's figure counts every thread of it (the signature worker too);
-        # its event loop's thread alone is what bounds the rate while a second core is free.
+    # Each process's figure counts every thread of it (the signature worker too); the
+    # receiving side's event loop thread alone is what bounds the rate while a second core is free.
+    if r.get("direction", "pull") == "pull" and "loop_cpu_s" in r:
         line += (f"\n  the syncing side's event loop thread: {r['loop_cpu_s'] / count * 1e6:,.0f} us a message; "
                  f"signatures verified ahead {r['ahead_kept']:,}, taken {r['ahead_taken']:,}; "
                  f"{r['commits']:,} commits ({count / max(r['commits'], 1):.0f} messages a commit); "
                  f"`rev` reply latency p50/p90/p99/max {r['latency_ms']} ms, of which waiting for "
                  f"the commit {r['durable_ms']} ms")
+    elif "loop_cpu_s" in r.get("server", {}):
+        served = r["server"]
+        line += (f"\n  the receiving (serving) side's event loop thread: {served['loop_cpu_s'] / count * 1e6:,.0f} us "
+                 f"a message; signatures verified ahead {served['ahead_kept']:,}, taken {served['ahead_taken']:,}; "
+                 f"{served['commits']:,} commits ({count / max(served['commits'], 1):.0f} messages a commit)")
     return line
 
 
