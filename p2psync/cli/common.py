@@ -40,8 +40,9 @@ EXIT_USAGE: Final = 2
 #: The running node's status (p2psync/node), in its data directory; `peers` reads it.
 NODE_STATUS_FILE: Final = "node-status.json"
 #: Seconds a command waits for the store's write lock while another process (the device's
-#: `p2psync serve`, applying a peer's batch) writes: a node's turns are short (a batch of at
-#: most 64 messages) but may come back to back for as long as a large catch-up lasts.
+#: `p2psync serve`, applying a peer's batch) writes: a node's turns are short (a group commit
+#: of at most 256 messages or 32 MiB of record data, ~0.1 s of small messages) but may come
+#: back to back for as long as a large catch-up lasts.
 CLI_BUSY_TIMEOUT: Final = 60.0
 
 

@@ -45,6 +45,8 @@ from __future__ import annotations
 import enum
 import functools
 import hashlib
+import threading
+from typing import Final
 
 import nacl.bindings
 from nacl.exceptions import BadSignatureError
@@ -227,6 +229,112 @@ def outcome(public_key: bytes, signature: bytes, message: bytes) -> tuple[Outcom
 def verify(public_key: bytes, signature: bytes, message: bytes) -> bool:
     """True when the reference DWN accepts the signature (it refuses or throws otherwise)."""
     return outcome(public_key, signature, message)[0] is Outcome.ACCEPT
+
+
+class Ahead:
+    """Acceptances found ahead of the engine's turn, on another core (issue #17).
+
+    A sink that has received a batch of messages verifies their signatures on a worker thread
+    (libsodium releases the GIL) while the engine applies the messages before them:
+    :meth:`verify` runs :func:`outcome` itself and keeps an acceptance, keyed by exactly the
+    bytes verified (key, signature, signing input), so no other message can take it. The engine
+    asks :func:`engine_outcome`, which takes a kept acceptance of exactly its bytes once and
+    otherwise verifies inline as it always did: a refusal, a throw, a verdict not reached yet
+    (or being reached while the engine verifies), or one evicted, all end in :func:`outcome` on
+    the engine's own thread. Only acceptances are kept: a refusal's detail, and what a forged
+    message costs, stay the engine's. What the engine verified inline first is noted, so the
+    worker, arriving late, does not verify it again.
+
+    Bounded (``capacity`` acceptances and as many notes, the oldest dropped first) and safe
+    across threads.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._accepted: dict[tuple[bytes, bytes, bytes], None] = {}
+        self._inline: dict[tuple[bytes, bytes, bytes], None] = {}  # verified by the engine first
+        self._lock = threading.Lock()
+        #: acceptances kept, taken by the engine, dropped unused; verifies the worker skipped
+        #: because the engine had done them (for tests and the bench)
+        self.kept = 0
+        self.taken = 0
+        self.dropped = 0
+        self.late = 0
+        #: engine verifies that found no acceptance (and verified inline)
+        self.missed = 0
+        #: messages handed to a worker and not verified yet (:meth:`expect`); while there are
+        #: none, the engine's own verifies are not noted
+        self.pending = 0
+
+    def expect(self, n: int) -> None:
+        """``n`` more (or, negative, fewer) messages are on their way to :meth:`verify`."""
+        with self._lock:
+            self.pending += n
+
+    def verify(self, public_key: bytes, signature: bytes, message: bytes) -> Outcome | None:
+        """:func:`outcome` of these bytes (on any thread), an acceptance kept for the engine;
+        None when the engine verified them already (nothing is done)."""
+        key = (public_key, signature, message)
+        with self._lock:
+            if self._inline.pop(key, True) is None:
+                self.late += 1
+                return None
+        verdict = outcome(public_key, signature, message)[0]
+        if verdict is Outcome.ACCEPT:
+            with self._lock:
+                self._accepted[key] = None
+                self.kept += 1
+                self.dropped += _bound(self._accepted, self.capacity)
+        return verdict
+
+    def take(self, public_key: bytes, signature: bytes, message: bytes) -> bool:
+        """Whether an acceptance of exactly these bytes was kept (it is used up). When none
+        was, the caller verifies them itself: noted, so that the worker does not."""
+        if not self._accepted and not self.pending:
+            self.missed += 1  # nothing kept, nothing coming (the engine alone: no lock taken)
+            return False
+        key = (public_key, signature, message)
+        with self._lock:
+            if self._accepted.pop(key, True) is None:
+                self.taken += 1
+                return True
+            self.missed += 1
+            if self.pending > 0:
+                self._inline[key] = None
+                _bound(self._inline, self.capacity)
+        return False
+
+    def clear(self) -> None:
+        """Forget every acceptance and note, and zero the counts (tests)."""
+        with self._lock:
+            self._accepted.clear()
+            self._inline.clear()
+            self.kept = self.taken = self.dropped = self.late = self.missed = 0
+
+
+def _bound(entries: dict[tuple[bytes, bytes, bytes], None], capacity: int) -> int:
+    """Drop the oldest entries past ``capacity``; returns how many."""
+    dropped = 0
+    while len(entries) > capacity:
+        del entries[next(iter(entries))]
+        dropped += 1
+    return dropped
+
+
+#: Acceptances (and notes of signatures the engine verified first) kept at most: twice the
+#: messages a worker may have queued (ahead.MAX_PENDING), so none is dropped before its use;
+#: ~0.7 KB each for a 1 KiB record's signature, ~1.4 MB at most. Ours.
+AHEAD_CAPACITY: Final = 2048
+#: The one memo the engine consults (per process: keyed by exact bytes, any peer may fill it).
+AHEAD: Final = Ahead(AHEAD_CAPACITY)
+
+
+def engine_outcome(public_key: bytes, signature: bytes, message: bytes) -> tuple[Outcome, str]:
+    """The engine's verdict: an acceptance :data:`AHEAD` kept for exactly these bytes, else
+    :func:`outcome` inline."""
+    if AHEAD.take(public_key, signature, message):
+        return Outcome.ACCEPT, ""
+    return outcome(public_key, signature, message)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -39,7 +39,7 @@ _JS_MAX_SAFE_INTEGER = 2**53 - 1
 #: calls at 256, 39.4 KiB in 16.8 at 64 (issue #17); with the store's 16 MiB cache, 11.6
 #: write calls a write at 256, 9.7 at 512, 8.5 at 1,024 (-6 µs system CPU a write at 512). A
 #: full batch holds the store's write lock ~0.2 s, well under another writer's busy timeout
-#: (p2psync/dwn/store.py); the node's committer keeps its own 64.
+#: (p2psync/dwn/store.py); the node's committer keeps its own 256 (state/committer.py).
 PIPE_BATCH_MAX: Final = 512
 
 # Replies are written as json.dumps(reply, separators=(",", ":")) writes them; built once.

@@ -28,6 +28,7 @@ import trio
 
 from p2psync import blip, errors
 from p2psync.blip.tls import TlsCertificate, channel_binding
+from p2psync.dwn.ahead import SignatureWorker, second_core
 from p2psync.dwn.did import Identity
 from p2psync.dwn.engine import Dwn
 from p2psync.dwn.store import Store
@@ -129,8 +130,11 @@ class Peer:
         self.stores = None if stores is None else frozenset(stores)
         self.authorizer = authorizer if authorizer is not None else ReadAuthorizer(store)
         self.quotas = None if quotas is None else Quotas(store, quotas)
+        #: verifies the signatures of received batches on a second core, when there is one
+        self.ahead = SignatureWorker() if second_core() else None
         self.service = StoreService(store, dwn=self.dwn, ledger=self.ledger, copies=self.copies,
-                                    committer=self.committer, authorizer=self.authorizer, quotas=self.quotas)
+                                    committer=self.committer, authorizer=self.authorizer, quotas=self.quotas,
+                                    ahead=self.ahead)
         #: the messages some connection of this peer is receiving now: the others decline them
         #: (issue #17: each body crosses once per receiver)
         self.in_flight = InFlightClaims()

@@ -81,6 +81,7 @@ __all__ = [
     "StillValid",
     "StoreCall",
     "StoreRequest",
+    "VerifyAhead",
     "WaitForLog",
     "WriteCopy",
 ]
@@ -385,6 +386,15 @@ class ApplyBatch(StoreRequest):
     entries: tuple[Any, ...]
     origin: str | None
     payer: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyAhead(StoreRequest):
+    """Messages received and about to be applied: the driver may verify their signatures on
+    another core meanwhile (issue #17; p2psync/dwn/ahead.py). Nobody waits for it, and it
+    decides nothing: the engine still verifies whatever was not found valid ahead."""
+
+    messages: tuple[Any, ...]
 
 
 @dataclass(frozen=True, slots=True)

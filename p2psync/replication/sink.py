@@ -61,6 +61,7 @@ from p2psync.replication.effects import (
     Slots,
     StoreRequest,
     Transition,
+    VerifyAhead,
 )
 from p2psync.replication.observer import SyncObserver
 from p2psync.replication.scope import RoleRecordsRef, SyncScope, SyncScopeUndecidable
@@ -815,6 +816,10 @@ class Sink:
         if not isinstance(raw, list) or not 0 < len(raw) <= MAX_REVS_ITEMS:
             refuse(400, "BodyInvalid", f"revs must be an array of 1 to {MAX_REVS_ITEMS} entries")
         self.stats.bytes_received += len(body)
+        # Their signatures may be verified on another core while this thread reads and applies
+        # them (the engine still verifies whatever that did not accept).
+        self.host.store_later(VerifyAhead(tuple(
+            obj["message"] for obj in raw if type(obj) is dict and type(obj.get("message")) is dict)))
         members = self._revs_members(raw)
         del raw
         results: list[Any] = [None] * len(members)

@@ -5,7 +5,9 @@ write each and caps a sink near 1,000 messages/s (docs/benchmarks.md). A :class:
 lets the tasks of a peer (every `rev` of every connection, checkpoint updates) write into one
 open transaction and releases each writer only after the COMMIT that holds its writes — the
 `rev` rule "reply after the apply is durably committed; several `rev`s may share one commit"
-(replication-profiles.md §8.2).
+(replication-profiles.md §8.2). A sink that has the next `revs` at hand when one is applied
+applies it into the same batch, so a catch-up commits a listing's `revs` together (issue #17:
+a commit's pages of the random-key indexes are shared by more messages).
 
 Everything runs on the trio thread, so there is no lock: :meth:`run` executes a synchronous
 write now, inside the open transaction, and returns a ticket; :meth:`durable` yields a few
@@ -35,15 +37,23 @@ import trio
 from p2psync.dwn.store import Store
 from p2psync.errors import LocalFailure, Refusal
 
-__all__ = ["MAX_BATCH_WRITES", "GroupCommitter", "StoreUnavailable"]
+__all__ = ["MAX_BATCH_BYTES", "MAX_BATCH_WRITES", "GroupCommitter", "StoreUnavailable"]
 
 log = logging.getLogger("p2psync.peer.commit")
 
 T = TypeVar("T")
 
-#: Writes per transaction before a commit is forced. Ours: past ~64 messages a batch gains
-#: nothing measurable (the fsync is amortized) and replies would wait longer.
-MAX_BATCH_WRITES: Final = 64
+#: Writes per transaction before a commit is forced. Ours: the fsync is amortized by ~64, but
+#: a commit also writes every page its messages dirtied, and the pages of five random-key
+#: indexes are shared by more messages in a longer batch: WAL frames a message 8.47 at 64 a
+#: commit and 6.23 at 200 with 8,000 stored; 10.48, 9.67 and 9.43 at 64, 200 and 256 with
+#: 90,000 (tests/bench/bench_apply_pages.py). The cost is latency: a reply waits for the
+#: batch's last write (~0.1 s for 256 small messages), only while writes arrive back to back.
+MAX_BATCH_WRITES: Final = 256
+#: Bytes of record data per transaction before a commit is forced: a batch of large records
+#: (data fetched out of line, up to 100 MiB each) commits as soon as this much waits, so the
+#: WAL and the reply's wait stay bounded whatever the count. Ours: the sink's prefetch budget.
+MAX_BATCH_BYTES: Final = 32 * 1024 * 1024
 #: Idle scheduling rounds before committing: enough for a `rev` handler that was woken by the
 #: previous apply to reach :meth:`run` (it needs one round to wake, one to decode and apply).
 _IDLE_ROUNDS: Final = 3
@@ -58,11 +68,12 @@ class StoreUnavailable(LocalFailure):
 
 
 class _Batch:
-    __slots__ = ("done", "error", "hooks", "led", "number", "writes")
+    __slots__ = ("bytes", "done", "error", "hooks", "led", "number", "writes")
 
     def __init__(self, number: int) -> None:
         self.number = number
         self.writes = 0
+        self.bytes = 0  # record data written, as its writers said (``run(..., size=)``)
         self.led = False  # one waiter drives the commit; the others just wait for it
         self.done = trio.Event()
         self.error: BaseException | None = None
@@ -72,9 +83,11 @@ class _Batch:
 class GroupCommitter:
     """The one writer of ``store``'s connection for the tasks of a peer (see the module doc)."""
 
-    def __init__(self, store: Store, *, max_writes: int = MAX_BATCH_WRITES) -> None:
+    def __init__(self, store: Store, *, max_writes: int = MAX_BATCH_WRITES,
+                 max_bytes: int = MAX_BATCH_BYTES) -> None:
         self.store = store
         self.max_writes = max_writes
+        self.max_bytes = max_bytes
         self._batch: _Batch | None = None
         self._numbers = 0
         self._committed = trio.Event()
@@ -86,10 +99,11 @@ class GroupCommitter:
     def in_batch(self) -> bool:
         return self._batch is not None
 
-    def run(self, fn: Callable[[], T]) -> tuple[T, _Batch]:
+    def run(self, fn: Callable[[], T], *, size: int = 0) -> tuple[T, _Batch]:
         """Run the synchronous write ``fn`` inside the open batch (opening one); returns its
         result and the batch to pass to :meth:`durable`. ``fn``'s exceptions propagate; its
-        own nested savepoints decide what of it is undone."""
+        own nested savepoints decide what of it is undone. ``size``: the bytes of record data
+        it writes (counted against ``max_bytes``)."""
         batch = self._batch
         if batch is None:
             self._numbers += 1
@@ -99,7 +113,8 @@ class GroupCommitter:
             self.store.conn.execute("BEGIN IMMEDIATE")
         result = fn()
         batch.writes += 1
-        if batch.writes >= self.max_writes:
+        batch.bytes += size
+        if batch.writes >= self.max_writes or batch.bytes >= self.max_bytes:
             self._commit(batch)
         return result, batch
 

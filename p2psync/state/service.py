@@ -24,6 +24,7 @@ from typing import Any, Final
 import apsw
 
 from p2psync.dwn import datacid
+from p2psync.dwn.ahead import SignatureWorker
 from p2psync.dwn.canonical import archived_without_data
 from p2psync.dwn.encoding import message_cid
 from p2psync.dwn.engine import Dwn
@@ -74,8 +75,11 @@ class StoreService:
         committer: GroupCommitter,
         authorizer: Any = None,
         quotas: Quotas | None = None,
+        ahead: SignatureWorker | None = None,
     ) -> None:
         self.store = store
+        #: verifies received messages' signatures on another core (None: the engine alone does)
+        self.ahead = ahead
         #: the store's quotas (None: nothing bounded)
         self.quotas = quotas
         self.dwn = dwn
@@ -108,6 +112,7 @@ class StoreService:
             fx.ReadOffered: self._read_offered,
             fx.HeldMessages: self._held,
             fx.QuotaFit: self._quota_fit,
+            fx.VerifyAhead: self._verify_ahead,
             fx.Apply: self._apply,
             fx.ApplyBatch: self._apply_batch,
             fx.RecordSteps: self._record_steps,
@@ -406,6 +411,10 @@ class StoreService:
             return len(request.sizes), None
         return self.quotas.fit(request.tenant, request.payer, request.sizes)
 
+    def _verify_ahead(self, request: fx.VerifyAhead) -> None:
+        if self.ahead is not None:
+            self.ahead.submit(request.messages)
+
     def _apply(self, request: fx.Apply) -> tuple[ReplicationApplyResult, Any]:
         return self._apply_entry(request.tenant, request.entry, request.origin, request.payer)
 
@@ -452,7 +461,7 @@ class StoreService:
                 quotas.admitted(tenant, payer, before)  # charged in the apply's own transaction
             return result
 
-        return self.committer.run(apply_and_note_origin)
+        return self.committer.run(apply_and_note_origin, size=len(entry.data) if entry.data is not None else 0)
 
     def _record_steps(self, request: fx.RecordSteps) -> None:
         try:

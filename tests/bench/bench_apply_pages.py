@@ -1,12 +1,12 @@
 """Pages a replicated apply dirties, by b-tree, at a given number of stored messages (issue #17).
 
     .venv/bin/python tests/bench/bench_apply_pages.py [--count 20000] [--at 16000] [--window 1024]
-        [--cache DIR]
+        [--batch 64] [--cache DIR]
 
 Replays the first ``--at`` + ``--window`` messages of bench_peer's store (built once, cached
 under ``--cache``, the same file bench_peer uses) into a fresh store the way the syncing side
 applies them: ``apply_replicated_message`` with the CID and DAG-CBOR the sink computed, the
-origin noted, a commit every ``BATCH`` messages. Over the window (starting at ``--at`` stored,
+origin noted, a commit every ``--batch`` messages (default ``BATCH``). Over the window (starting at ``--at`` stored,
 the WAL emptied first and not checkpointed inside it) it prints:
 
 - WAL frames a message, by the b-tree each frame's page belongs to (``dbstat``): what COMMIT
@@ -41,7 +41,8 @@ from p2psync.dwn.store import Store  # noqa: E402
 from p2psync.state.copies import Origins  # noqa: E402
 from tests.bench.bench_peer import ALICE, build  # noqa: E402
 
-#: Messages a commit: a full `revs` (the sink commits each run it applies; revs of 64).
+#: Messages a commit by default: a full `revs` of 64 (what the sink committed before its
+#: group commits spanned consecutive `revs`; a pull now commits a listing of 200 at a time).
 BATCH = 64
 #: A WAL frame's header (SQLite's file format, section 4.1).
 FRAME_HEADER = 24
@@ -88,10 +89,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--count", type=int, default=20_000, help="messages in the source store (bench_peer's)")
     ap.add_argument("--at", type=int, default=16_000, help="stored messages when the window starts")
-    ap.add_argument("--window", type=int, default=1024, help="messages measured (a multiple of 64)")
+    ap.add_argument("--window", type=int, default=1024, help="messages measured (a multiple of --batch)")
+    ap.add_argument("--batch", type=int, default=BATCH, help="messages a commit")
     ap.add_argument("--cache", default=os.path.join(tempfile.gettempdir(), "p2psync-bench"))
     args = ap.parse_args()
-    at, window = args.at - args.at % BATCH, args.window - args.window % BATCH
+    batch = args.batch
+    at, window = args.at - args.at % batch, args.window - args.window % batch
     if at + window > args.count:
         ap.error("--at + --window must not exceed --count")
     source = Path(args.cache) / f"small-{args.count}x1024.db"
@@ -111,14 +114,14 @@ def main() -> None:
             return True
 
         conn.exec_trace = traced
-        for start in range(0, at + window, BATCH):
+        for start in range(0, at + window, batch):
             if start == at:
                 conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
                 conn.execute("PRAGMA wal_autocheckpoint=0")
                 measuring = True
                 calls, times = io_calls(), os.times()
             conn.execute("BEGIN IMMEDIATE")
-            for message, data in messages[start:start + BATCH]:
+            for message, data in messages[start:start + batch]:
                 cid = message_cid(message)
                 result = dwn.apply_replicated_message(ALICE.did, message, data, cid=cid,
                                                       encoded=dag_cbor_encode(message))
@@ -130,7 +133,7 @@ def main() -> None:
         frames = wal_frames(store, Path(str(path) + "-wal"))
         store.close()
     per = 1 / window
-    print(f"{window:,} replicated 1 KiB writes applied at {at:,} stored, commits of {BATCH}:")
+    print(f"{window:,} replicated 1 KiB writes applied at {at:,} stored, commits of {batch}:")
     print(f"  WAL frames a message: {sum(frames.values()) * per:.2f}")
     for name, n in frames.most_common():
         if n * per >= 0.01:

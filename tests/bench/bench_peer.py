@@ -188,6 +188,7 @@ def serve(store_path: str, port_file: str, tls: str) -> None:
     import trio
 
     from p2psync.blip.tls import new_certificate
+    from p2psync.dwn import ed25519
     from p2psync.peer.peer import Peer
 
     async def main() -> None:
@@ -198,10 +199,15 @@ def serve(store_path: str, port_file: str, tls: str) -> None:
             scheme = "ws" if cert is None else f"wss {cert.fingerprint}"
             Path(port_file).write_text(f"{server.port} {scheme}")
             # Serve until stdin closes (the orchestrator's signal), then report.
-            ready = _cpu_s()
+            ready, loop = _cpu_s(), time.thread_time()
+            memo = getattr(ed25519, "AHEAD", None)  # None: code from before the signature worker
             await trio.to_thread.run_sync(sys.stdin.read)
             nursery.cancel_scope.cancel()
-        print(json.dumps({"rss_mb": round(_rss_mb(), 1), "cpu_s": _cpu_s() - ready}), flush=True)
+        print(json.dumps({"rss_mb": round(_rss_mb(), 1), "cpu_s": _cpu_s() - ready,
+                          # the receiving side of a push: its event loop's thread, its worker, its commits
+                          "loop_cpu_s": time.thread_time() - loop, "commits": peer.committer.commits,
+                          "ahead_kept": memo.kept if memo is not None else 0,
+                          "ahead_taken": memo.taken if memo is not None else 0}), flush=True)
 
     trio.run(main)
 
@@ -215,10 +221,43 @@ def sync(store_path: str, url: str, direction: str, pin: str) -> None:
     # (seconds since the sync began, messages settled, this process's CPU seconds since then)
     samples: list[tuple[float, int, float]] = []
 
+    from p2psync.dwn import ed25519
+
+    latencies: list[float] = []  # seconds from each `rev` (or `revs`) arriving to its reply
+    waits: list[float] = []  # seconds each wait for a durable commit took
+
+    class Latency:
+        """Records each `rev` reply's latency (the sink holds a reply until its commit)."""
+
+        def __getattr__(self, name: str) -> Any:
+            return lambda *args: None
+
+        def rev_started(self) -> float:
+            return time.perf_counter()
+
+        def rev_finished(self, started: float, kind: str) -> None:
+            latencies.append(time.perf_counter() - started)
+
     async def main() -> dict[str, Any]:
         peer = Peer(Store(store_path), ALICE)
+        peer.metrics = Latency()  # type: ignore[assignment]
+        durable = peer.committer.durable
+
+        async def timed_durable(batch: Any) -> None:
+            # How long a reply waits for the commit that holds its applies (held back longer
+            # when a commit groups more `revs`).
+            start = time.perf_counter()
+            try:
+                await durable(batch)
+            finally:
+                waits.append(time.perf_counter() - start)
+
+        peer.committer.durable = timed_durable  # type: ignore[method-assign]
         started, cpu = time.perf_counter(), _cpu_s()
         start_cpu = time.process_time()
+        loop_cpu = time.thread_time()  # the event loop's thread alone (trio runs on this one)
+        memo = getattr(ed25519, "AHEAD", None)  # None: code from before the signature worker
+        ahead = (memo.kept, memo.taken) if memo is not None else (0, 0)
         last = started
         newest = (0.0, 0, 0.0)  # the latest change, so the final count is timed when it was reached
 
@@ -235,11 +274,22 @@ def sync(store_path: str, url: str, direction: str, pin: str) -> None:
         summary = await peer.sync(target, tenant=ALICE.did, direction=direction,  # type: ignore[arg-type]
                                   on_progress=on_progress)
         seconds, cpu = time.perf_counter() - started, _cpu_s() - cpu
+        loop = time.thread_time() - loop_cpu
         stats = summary.pull if direction == "pull" else summary.push
         assert stats is not None
         if not samples or samples[-1] != newest:
             samples.append(newest)
-        return {"seconds": seconds, "cpu_s": cpu, "settled": stats.revs_settled, "results": stats.results,
+        latencies.sort()
+        waits.sort()
+        sink = {"loop_cpu_s": loop, "commits": peer.committer.commits,
+                "durable_ms": [round(waits[int(q * (len(waits) - 1))] * 1000, 1) for q in (0.5, 0.9, 0.99, 1.0)]
+                if waits else [],
+                "ahead_kept": memo.kept - ahead[0] if memo is not None else 0,
+                "ahead_taken": memo.taken - ahead[1] if memo is not None else 0,
+                "latency_ms": [round(latencies[int(q * (len(latencies) - 1))] * 1000, 1) for q in (0.5, 0.9, 0.99, 1.0)]
+                if latencies else []}
+        return {"seconds": seconds, "cpu_s": cpu, "settled": stats.revs_settled, "results": stats.results, **sink,
+                "direction": direction,
                 "bytes": stats.bytes_received if direction == "pull" else stats.bytes_sent,
                 "rss_mb": round(_rss_mb(), 1), "samples": samples}
 
@@ -276,6 +326,7 @@ def run_pair(server_store: Path, client_store: Path, direction: str, tls: bool =
         server_report = json.loads(tail.strip().splitlines()[-1])
         result["server_rss_mb"] = server_report["rss_mb"]
         result["server_cpu_s"] = server_report["cpu_s"]
+        result["server"] = server_report
         return result
 
 
@@ -360,9 +411,23 @@ def sampled(path: str, run: Any, *args: str) -> None:
 def _cpu_line(r: dict[str, Any], count: int, v: float) -> str:
     """CPU per message on each side in verify units (CPU seconds per message × V): what bounds
     the rate when both sides share the machine's cores, in the unit the issue's targets use."""
-    return (f"  CPU per message, in verifies: syncing side {r['cpu_s'] / count * v:.2f} "
+    line = (f"  CPU per message, in verifies: syncing side {r['cpu_s'] / count * v:.2f} "
             f"({r['cpu_s'] / count * 1e6:,.0f} us), serving side {r['server_cpu_s'] / count * v:.2f} "
             f"({r['server_cpu_s'] / count * 1e6:,.0f} us)")
+    # Each process's figure counts every thread of it (the signature worker too); the
+    # receiving side's event loop thread alone is what bounds the rate while a second core is free.
+    if r.get("direction", "pull") == "pull" and "loop_cpu_s" in r:
+        line += (f"\n  the syncing side's event loop thread: {r['loop_cpu_s'] / count * 1e6:,.0f} us a message; "
+                 f"signatures verified ahead {r['ahead_kept']:,}, taken {r['ahead_taken']:,}; "
+                 f"{r['commits']:,} commits ({count / max(r['commits'], 1):.0f} messages a commit); "
+                 f"`rev` reply latency p50/p90/p99/max {r['latency_ms']} ms, of which waiting for "
+                 f"the commit {r['durable_ms']} ms")
+    elif "loop_cpu_s" in r.get("server", {}):
+        served = r["server"]
+        line += (f"\n  the receiving (serving) side's event loop thread: {served['loop_cpu_s'] / count * 1e6:,.0f} us "
+                 f"a message; signatures verified ahead {served['ahead_kept']:,}, taken {served['ahead_taken']:,}; "
+                 f"{served['commits']:,} commits ({count / max(served['commits'], 1):.0f} messages a commit)")
+    return line
 
 
 def _rate_lines(what: str, r: dict[str, Any], count: int, v: float, roles: tuple[str, str]) -> str:

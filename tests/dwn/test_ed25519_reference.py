@@ -58,6 +58,26 @@ def test_every_vector_gets_the_reference_answer(raw_vectors: list[tuple[ev.Vecto
     assert not wrong
 
 
+def _ours_ahead(v: ev.Vector) -> dict[str, Any]:
+    """Our answer when a worker verified the vector ahead first (ed25519.Ahead): the engine's
+    verdict must be the same, a refusal included (it is never kept, so verified again)."""
+    ed25519.AHEAD.clear()
+    ed25519.AHEAD.verify(v.public_key, v.signature, v.message)
+    outcome, thrown = ed25519.engine_outcome(v.public_key, v.signature, v.message)
+    return {"outcome": outcome.value, **({"error": thrown} if thrown else {})}
+
+
+@needs_reference
+def test_every_vector_gets_the_reference_answer_when_verified_ahead(
+    raw_vectors: list[tuple[ev.Vector, dict[str, Any]]],
+) -> None:
+    try:
+        wrong = [(v.name, ref, _ours_ahead(v)) for v, ref in raw_vectors if _ours_ahead(v) != ref]
+    finally:
+        ed25519.AHEAD.clear()
+    assert not wrong
+
+
 @needs_reference
 def test_the_pure_rule_alone_gets_the_reference_answer(raw_vectors: list[tuple[ev.Vector, dict[str, Any]]]) -> None:
     # The slow path must be right on its own, not only where the fast path hands it a case.
@@ -129,11 +149,17 @@ def test_jws_verification_through_the_did_matches_the_reference(method: str) -> 
     ]
     docs = [_as_jws(v) for v in vectors]
     answers = run_ed25519_oracle("jws", [{"jws": d} for d in docs])
-    for v, doc, ref in zip(vectors, docs, answers, strict=True):
-        ours = _our_jws_answer(doc)
-        assert ours["outcome"] == ref["outcome"], (v.name, ref, ours)
-        if ref.get("code"):  # a DwnError: the same code; a noble throw or `false`: any 401
-            assert ours["code"] == ref["code"], (v.name, ref, ours)
+    for ahead in (False, True):  # inline, then with every signature verified ahead first
+        jws._verify_entry.cache_clear()
+        ed25519.AHEAD.clear()
+        for v, doc, ref in zip(vectors, docs, answers, strict=True):
+            if ahead:
+                jws.verify_ahead(doc)
+            ours = _our_jws_answer(doc)
+            assert ours["outcome"] == ref["outcome"], (v.name, ahead, ref, ours)
+            if ref.get("code"):  # a DwnError: the same code; a noble throw or `false`: any 401
+                assert ours["code"] == ref["code"], (v.name, ahead, ref, ours)
+    ed25519.AHEAD.clear()
 
 
 @needs_reference
@@ -194,3 +220,9 @@ def test_mangled_signatures_get_the_reference_answer(requests: list[dict[str, st
         v = ev.Vector("mangled", bytes.fromhex(request["pub"]), bytes.fromhex(request["sig"]),
                       bytes.fromhex(request["msg"]))
         assert _ours(v) == ref, json.dumps(request)
+        # The honest signature verified ahead (a worker's acceptance waiting) changes no answer.
+        ed25519.AHEAD.clear()
+        ed25519.AHEAD.verify(_HONEST_PUB, _HONEST_SIG, MESSAGE)
+        outcome, thrown = ed25519.engine_outcome(v.public_key, v.signature, v.message)
+        assert {"outcome": outcome.value, **({"error": thrown} if thrown else {})} == ref, json.dumps(request)
+    ed25519.AHEAD.clear()

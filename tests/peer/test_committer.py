@@ -57,6 +57,43 @@ async def test_a_batch_is_cut_at_max_writes(tmp_path: Path) -> None:
     assert committer.commits == 3 and _count(tmp_path / "s.db") == 10
 
 
+async def test_writers_that_follow_one_another_join_the_open_batch(tmp_path: Path) -> None:
+    # As a sink's `revs` handlers do: each is woken by the previous one's apply and writes
+    # while that one waits for its commit; none returns before the one commit holding all.
+    store = Store(tmp_path / "s.db")
+    _table(store)
+    committer = GroupCommitter(store)
+    seen: list[tuple[int, int]] = []
+
+    async def writer(i: int, nursery: trio.Nursery) -> None:
+        _, batch = committer.run(lambda: store.conn.execute("INSERT INTO t VALUES(?)", (i,)))
+        if i < 3:
+            nursery.start_soon(writer, i + 1, nursery)
+        await committer.durable(batch)
+        seen.append((i, _count(tmp_path / "s.db")))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(writer, 0, nursery)
+    assert committer.commits == 1
+    assert sorted(seen) == [(0, 4), (1, 4), (2, 4), (3, 4)]
+    # A writer after the commit opens the next batch.
+    await committer.write(lambda: store.conn.execute("INSERT INTO t VALUES(4)"))
+    assert committer.commits == 2 and _count(tmp_path / "s.db") == 5
+
+
+async def test_a_batch_is_cut_at_max_bytes(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.db")
+    _table(store)
+    committer = GroupCommitter(store, max_bytes=1000)
+    for i in range(3):
+        committer.run(lambda i=i: store.conn.execute("INSERT INTO t VALUES(?)", (i,)), size=400)
+    assert committer.commits == 1 and _count(tmp_path / "s.db") == 3  # 1,200 bytes: committed
+    _, batch = committer.run(lambda: store.conn.execute("INSERT INTO t VALUES(3)"), size=999)
+    assert committer.commits == 1 and committer.in_batch
+    await committer.durable(batch)
+    assert committer.commits == 2 and _count(tmp_path / "s.db") == 4
+
+
 async def test_a_failed_commit_fails_every_writer_and_keeps_nothing(tmp_path: Path) -> None:
     store = Store(tmp_path / "s.db")
     _table(store)

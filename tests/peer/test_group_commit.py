@@ -1,0 +1,73 @@
+"""A pulling sink's group commits span consecutive `revs`, and no reply leaves before its commit.
+
+Each `revs` reply goes out only once every message it answers is durably committed (§8.2 step
+4, §8.4); with the committer holding a batch across the `revs` that follow one another
+(issue #17), the reply of the first waits for the commit of the last. Checked from a second
+connection, which sees only what is committed, at the moment each reply is counted.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import apsw
+
+from p2psync.peer.peer import Peer
+from p2psync.peer.session import PeerSession
+from p2psync.replication.effects import SendReply
+from tests.peer.support import Clock, assert_same, new_store, seeded, served, write_notes
+
+ALICE = seeded("group-commit")
+NOTES = 150  # one listing: `revs` of 64, 64 and 22
+
+
+class CommittedAtReply:
+    """Wraps a session's protocol so that each reply to a `rev` or `revs`, as the protocol gives
+    it to the driver, is checked against how many messages the store holds durably (a second
+    connection sees only committed transactions)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.seen: list[tuple[int, int]] = []  # (messages answered so far, committed then)
+        self.answered = 0
+
+    def wrap(self, session: PeerSession) -> PeerSession:
+        outputs = session.proto.outputs
+
+        def checked() -> list[Any]:
+            out = outputs()
+            replies = [o for o in out if isinstance(o, SendReply) and o.kinds]
+            if replies:
+                other = apsw.Connection(str(self.path), flags=apsw.SQLITE_OPEN_READONLY)
+                try:
+                    committed = int(other.execute("SELECT count(*) FROM messages").fetchone()[0])
+                finally:
+                    other.close()
+                for reply in replies:
+                    self.answered += len(reply.kinds)
+                    self.seen.append((self.answered, committed))
+            return out
+
+        session.proto.outputs = checked  # type: ignore[method-assign]
+        return session
+
+
+async def test_replies_wait_for_the_commit_that_holds_them(tmp_path: Path) -> None:
+    source = new_store(tmp_path, "source")
+    write_notes(source, ALICE, NOTES, clock=Clock())
+    sink = new_store(tmp_path, "sink")
+    puller = Peer(sink, ALICE)
+    observer = CommittedAtReply(tmp_path / "sink.db")
+    new_session = puller._new_session
+    puller._new_session = lambda *args: observer.wrap(new_session(*args))  # type: ignore[method-assign]
+    async with served(Peer(source, ALICE)) as url:
+        summary = await puller.sync(url, tenant=ALICE.did, direction="pull")
+    assert summary.pull is not None and summary.pull.results == {"Applied": NOTES}
+    assert observer.answered == NOTES
+    # The k-th message answered is answered after at least k messages were committed: the
+    # messages are applied in order into an empty store, so anything less is a reply that
+    # left before its commit.
+    assert all(committed >= replies for replies, committed in observer.seen), observer.seen
+    assert_same(source, sink, ALICE)
+
