@@ -16,6 +16,7 @@ this module gives it a connection and its timers: the checkpoint save every
 from __future__ import annotations
 
 import logging
+import os
 import random
 import time
 import weakref
@@ -116,6 +117,7 @@ class Peer:
         quotas: QuotaPolicy | None = None,
         rng: random.Random | None = None,
         tls: TlsCertificate | None = None,
+        verify_ahead: bool | None = None,
     ) -> None:
         self.store = store
         self.tls = tls
@@ -130,8 +132,14 @@ class Peer:
         self.stores = None if stores is None else frozenset(stores)
         self.authorizer = authorizer if authorizer is not None else ReadAuthorizer(store)
         self.quotas = None if quotas is None else Quotas(store, quotas)
-        #: verifies the signatures of received batches on a second core, when there is one
-        self.ahead = SignatureWorker() if second_core() else None
+        #: verifies the signatures of received batches on a second core, when asked to and there
+        #: is one. Off unless ``verify_ahead`` (None: the environment's P2PSYNC_VERIFY_AHEAD=1):
+        #: on a quiet two-core machine a 100,000-message pull took ~100 us more CPU a message
+        #: with it and was no faster, the late part slower (the GIL's hand-overs grow with the
+        #: SQLite calls that release it; docs/benchmarks.md, "Issue #17 at the end of 2026-11-25").
+        if verify_ahead is None:
+            verify_ahead = os.environ.get("P2PSYNC_VERIFY_AHEAD") == "1"
+        self.ahead = SignatureWorker() if verify_ahead and second_core() else None
         self.service = StoreService(store, dwn=self.dwn, ledger=self.ledger, copies=self.copies,
                                     committer=self.committer, authorizer=self.authorizer, quotas=self.quotas,
                                     ahead=self.ahead)

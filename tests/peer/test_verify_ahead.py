@@ -20,6 +20,7 @@ from p2psync.dwn import authentication, ed25519, jws
 from p2psync.dwn.ahead import SignatureWorker
 from p2psync.dwn.encoding import b64url_decode, b64url_encode
 from p2psync.dwn.store import Store
+from p2psync.peer import peer as peer_module
 from p2psync.peer.peer import Peer
 from p2psync.replication.closure import ReplicationEntry
 from p2psync.replication.scope import SyncScope
@@ -144,3 +145,16 @@ async def test_a_forged_revs_member_is_refused_though_its_genuine_twin_was_verif
     held = set(Store(tmp_path / "sink.db").messages.cids(ALICE.did))
     assert held == {c1, c3}
     assert ed25519.AHEAD.taken == 2  # m1 and m3; m2's acceptance was not the forgery's to take
+
+
+def test_the_worker_is_off_unless_asked_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Measured on a quiet two-core machine it cost CPU and gained nothing at 100,000 messages
+    (docs/benchmarks.md): a peer verifies inline unless told otherwise."""
+    monkeypatch.delenv("P2PSYNC_VERIFY_AHEAD", raising=False)
+    monkeypatch.setattr(peer_module, "second_core", lambda: True)
+    assert Peer(new_store(tmp_path, "a"), ALICE).ahead is None
+    assert isinstance(Peer(new_store(tmp_path, "b"), ALICE, verify_ahead=True).ahead, SignatureWorker)
+    monkeypatch.setenv("P2PSYNC_VERIFY_AHEAD", "1")
+    assert isinstance(Peer(new_store(tmp_path, "c"), ALICE).ahead, SignatureWorker)
+    monkeypatch.setattr(peer_module, "second_core", lambda: False)
+    assert Peer(new_store(tmp_path, "d"), ALICE, verify_ahead=True).ahead is None
