@@ -114,17 +114,26 @@ class BlobFiles:
             except FileNotFoundError:
                 pass
             staged.unlink(missing_ok=True)
+        temporary = self._written(data)
+        try:
+            self.install(temporary, cid)
+        except BaseException:
+            temporary.unlink(missing_ok=True)
+            raise
+        return True
+
+    def _written(self, data: bytes | bytearray | memoryview) -> Path:
+        """A new temporary file holding ``data``, fsync'd (none is left behind on failure)."""
         temporary = self.temporary()
         try:
             with open(temporary, "wb") as f:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
-            self.install(temporary, cid)
         except BaseException:
             temporary.unlink(missing_ok=True)
             raise
-        return True
+        return temporary
 
     def stage(self, data: bytes | bytearray | memoryview, cid: str) -> None:
         """Write ``data`` (which hashes to ``cid``) to a temporary file and fsync it, ahead of
@@ -142,15 +151,7 @@ class BlobFiles:
                 return
         except FileNotFoundError:
             pass
-        temporary = self.temporary()
-        try:
-            with open(temporary, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-        except BaseException:
-            temporary.unlink(missing_ok=True)
-            raise
+        temporary = self._written(data)
         dropped: list[Path] = []
         with self._lock:
             previous = self._staged.pop(cid, None)

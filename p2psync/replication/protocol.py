@@ -1018,11 +1018,7 @@ class ReplicationProtocol:
         """Fetch messages by CID from the other peer (getDependencies with ``messageCid`` refs,
         our closure loop, durable commits) through a repair sink (no tokens). Counts by result
         kind; ``NotFound`` for a CID the peer did not answer with."""
-        sink = self.sinks.get(index)
-        if sink is None or sink.key is not None or sink.failed is not None:
-            sink = self.repair_sink(index)
-        if stats is not None:
-            sink.stats = stats
+        sink = self._repair_sink_for(index, stats)
         counts: dict[str, int] = {}
         # The store's quotas first (issue #15): what does not fit is not fetched at all, and a
         # request of which nothing fits is refused.
@@ -1088,11 +1084,7 @@ class ReplicationProtocol:
     def _fetch_definitions(self, index: int, protocols: list[str], stats: SyncStats | None) -> Effects:
         """Every definition the other peer admitted of each of ``protocols`` (a ``Protocol`` ref
         each: the answer holds the replaced ones too), admitted here. Counts by result kind."""
-        sink = self.sinks.get(index)
-        if sink is None or sink.key is not None or sink.failed is not None:
-            sink = self.repair_sink(index)
-        if stats is not None:
-            sink.stats = stats
+        self._repair_sink_for(index, stats)
         counts: dict[str, int] = {}
         for start in range(0, len(protocols), MAX_REFS):
             refs: list[DependencyRef] = [ProtocolRef(protocol=p) for p in protocols[start : start + MAX_REFS]]
@@ -1184,6 +1176,16 @@ class ReplicationProtocol:
         if any(kind not in HELD_KINDS for kind in (*fetched, *taken)):
             return None
         return result.head, our_head, fetched, taken
+
+    def _repair_sink_for(self, index: int, stats: SyncStats | None) -> Sink:
+        """Collection ``index``'s repair sink (a new one unless one that keeps no tokens and has
+        not failed is there), counting into ``stats`` when given."""
+        sink = self.sinks.get(index)
+        if sink is None or sink.key is not None or sink.failed is not None:
+            sink = self.repair_sink(index)
+        if stats is not None:
+            sink.stats = stats
+        return sink
 
     def repair_sink(self, index: int) -> Sink:
         """A sink for collection ``index`` that keeps no tokens (a repair's admits)."""

@@ -136,6 +136,16 @@ def _same_answers(club_: Club, source: Store, replica: Store) -> list[tuple[int,
 SCOPE = SyncScope.subset(CLUB, ["thread"])
 
 
+def _one_round(replica: Side, wire: Wire, tenant: str) -> tuple[Any, Any]:
+    """One round of the subset pull; the replica's ledger and its one link."""
+    operation, _ = replica.proto.sync(tenant=tenant, scope=SCOPE, local_store_id=store_id(replica.store),
+                                      pull=True, push=False, batch=3, totals={})
+    run(wire, operation)
+    ledger = replica.service.ledger
+    (link,) = ledger.links(tenant)
+    return ledger, link
+
+
 def _first_pull(tmp_path: Path, seed: int, **connect_options: Any) -> tuple[Club, str]:
     """A club under version 1 and a replica that pulled it once (the subset scope); returns
     the club and its tenant, with both stores closed."""
@@ -261,11 +271,7 @@ def test_a_round_cut_between_the_configure_and_its_role_records_loses_nothing(tm
         return answer_refs(request)
 
     source.service._sync[AnswerRefs] = broken
-    operation, _ = replica.proto.sync(tenant=tenant, scope=SCOPE, local_store_id=store_id(replica.store),
-                                      pull=True, push=False, batch=3, totals={})
-    run(wire, operation)
-    ledger = replica.service.ledger
-    (link,) = ledger.links(tenant)
+    ledger, link = _one_round(replica, wire, tenant)
     key = link.key
     assert link.state is LinkState.REPAIRING
     assert ledger.transitions(key)[-1].error_code == "ClosureRoleRecordMissing"
@@ -299,11 +305,7 @@ def test_role_records_withheld_from_the_reader_leave_the_configure_unsettled(tmp
                 for ref, (entries, withheld, following) in zip(request.refs, out, strict=True)]
 
     source.service._sync[AnswerRefs] = narrower
-    operation, _ = replica.proto.sync(tenant=tenant, scope=SCOPE, local_store_id=store_id(replica.store),
-                                      pull=True, push=False, batch=3, totals={})
-    run(wire, operation)
-    ledger = replica.service.ledger
-    (link,) = ledger.links(tenant)
+    ledger, link = _one_round(replica, wire, tenant)
     assert link.state is LinkState.REPAIRING
     assert ledger.transitions(link.key)[-1].error_code == "ClosureDependencyForbidden"
     checkpoint, _ = ledger.get_checkpoint(link.key, Direction.PULL)
