@@ -61,6 +61,30 @@ _NARROWING_COLUMNS = (
     ("author", "author"),
 )
 
+def _row_bytes(row: str) -> str:
+    """What an archive row (``new`` or ``old`` in a trigger) counts toward its tenant's usage:
+    its body, then its data as kept inline, by file reference (the size it names) or by the
+    data row it names (schema 9)."""
+    return (f"""length(CAST({row}.body AS BLOB)) + coalesce(
+                CASE typeof({row}.data) WHEN 'text'
+                THEN CAST(substr({row}.data, instr({row}.data, ':') + 1) AS INTEGER) ELSE length({row}.data) END,
+                CASE WHEN {row}.data_in IS NOT NULL THEN json_extract({row}.body, '$.descriptor.dataSize') END, 0)""")
+
+
+def _usage_in(row: str) -> str:
+    """A trigger's statement that counts archive row ``row`` into its tenant's usage."""
+    return f"""        INSERT INTO tenant_usage(tenant, messages, bytes)
+            VALUES({row}.tenant, 1, {_row_bytes(row)})
+            ON CONFLICT(tenant) DO UPDATE SET messages = messages + 1, bytes = bytes + excluded.bytes;"""
+
+
+def _usage_out(row: str) -> str:
+    """A trigger's statement that takes archive row ``row`` out of its tenant's usage."""
+    return f"""        UPDATE tenant_usage SET messages = messages - 1,
+            bytes = bytes - ({_row_bytes(row)})
+            WHERE tenant = {row}.tenant;"""
+
+
 _MIGRATIONS: dict[int, str] = {
     1: """
     CREATE TABLE tenants(
@@ -345,41 +369,21 @@ _MIGRATIONS: dict[int, str] = {
     # rows holding references are the files' reference count, found by these partial indexes
     # (only references enter them); the usage counts a reference by the size it names. Rows
     # from before keep their bytes in SQLite and are read as such.
-    9: """
+    9: f"""
     CREATE INDEX data_blob ON data(bytes) WHERE typeof(bytes) = 'text';
     CREATE INDEX archive_blob ON archive(data) WHERE typeof(data) = 'text';
     DROP TRIGGER IF EXISTS tenant_usage_insert;
     DROP TRIGGER IF EXISTS tenant_usage_delete;
     DROP TRIGGER IF EXISTS tenant_usage_update;
     CREATE TRIGGER tenant_usage_insert AFTER INSERT ON archive BEGIN
-        INSERT INTO tenant_usage(tenant, messages, bytes)
-            VALUES(new.tenant, 1, length(CAST(new.body AS BLOB)) + coalesce(
-                CASE typeof(new.data) WHEN 'text'
-                THEN CAST(substr(new.data, instr(new.data, ':') + 1) AS INTEGER) ELSE length(new.data) END,
-                CASE WHEN new.data_in IS NOT NULL THEN json_extract(new.body, '$.descriptor.dataSize') END, 0))
-            ON CONFLICT(tenant) DO UPDATE SET messages = messages + 1, bytes = bytes + excluded.bytes;
+{_usage_in("new")}
     END;
     CREATE TRIGGER tenant_usage_delete AFTER DELETE ON archive BEGIN
-        UPDATE tenant_usage SET messages = messages - 1,
-            bytes = bytes - (length(CAST(old.body AS BLOB)) + coalesce(
-                CASE typeof(old.data) WHEN 'text'
-                THEN CAST(substr(old.data, instr(old.data, ':') + 1) AS INTEGER) ELSE length(old.data) END,
-                CASE WHEN old.data_in IS NOT NULL THEN json_extract(old.body, '$.descriptor.dataSize') END, 0))
-            WHERE tenant = old.tenant;
+{_usage_out("old")}
     END;
     CREATE TRIGGER tenant_usage_update AFTER UPDATE OF tenant, body, data, data_in ON archive BEGIN
-        UPDATE tenant_usage SET messages = messages - 1,
-            bytes = bytes - (length(CAST(old.body AS BLOB)) + coalesce(
-                CASE typeof(old.data) WHEN 'text'
-                THEN CAST(substr(old.data, instr(old.data, ':') + 1) AS INTEGER) ELSE length(old.data) END,
-                CASE WHEN old.data_in IS NOT NULL THEN json_extract(old.body, '$.descriptor.dataSize') END, 0))
-            WHERE tenant = old.tenant;
-        INSERT INTO tenant_usage(tenant, messages, bytes)
-            VALUES(new.tenant, 1, length(CAST(new.body AS BLOB)) + coalesce(
-                CASE typeof(new.data) WHEN 'text'
-                THEN CAST(substr(new.data, instr(new.data, ':') + 1) AS INTEGER) ELSE length(new.data) END,
-                CASE WHEN new.data_in IS NOT NULL THEN json_extract(new.body, '$.descriptor.dataSize') END, 0))
-            ON CONFLICT(tenant) DO UPDATE SET messages = messages + 1, bytes = bytes + excluded.bytes;
+{_usage_out("old")}
+{_usage_in("new")}
     END;
     """,
 }
@@ -1153,25 +1157,26 @@ class DataStore:
             )
         return len(data)
 
-    def get(self, tenant: str, record_id: str, data_cid: str) -> bytes | None:
+    def _kept(self, tenant: str, record_id: str, data_cid: str) -> Any:
+        """The ``bytes`` column of this data's row as kept (the bytes, or a blob reference), or
+        None when there is no such row."""
         tid = self._s.tenant_id(tenant, create=False)
         if tid is None:
             return None
         row = self._s.conn.execute(
             "SELECT bytes FROM data WHERE tenant=? AND record_id=? AND data_cid=?", (tid, record_id, data_cid)
         ).fetchone()
-        return None if row is None else self._s.read_data(row[0])
+        return None if row is None else row[0]
+
+    def get(self, tenant: str, record_id: str, data_cid: str) -> bytes | None:
+        kept = self._kept(tenant, record_id, data_cid)
+        return None if kept is None else self._s.read_data(kept)
 
     def file_reference(self, tenant: str, record_id: str, data_cid: str) -> str | None:
         """The blob reference of this data when its bytes are a file (read them with
         ``store.blobs.read``, which touches no row: any thread may), else None."""
-        tid = self._s.tenant_id(tenant, create=False)
-        if tid is None:
-            return None
-        row = self._s.conn.execute(
-            "SELECT bytes FROM data WHERE tenant=? AND record_id=? AND data_cid=?", (tid, record_id, data_cid)
-        ).fetchone()
-        return row[0] if row is not None and type(row[0]) is str else None
+        kept = self._kept(tenant, record_id, data_cid)
+        return kept if type(kept) is str else None
 
     def size(self, tenant: str, record_id: str, data_cid: str) -> int | None:
         tid = self._s.tenant_id(tenant, create=False)
