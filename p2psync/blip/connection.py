@@ -11,7 +11,9 @@ What it does for its caller:
 - numbering: requests per direction from 1, one by one; replies reuse their request's number;
 - the outbox: round-robin of messages, one frame each turn; urgent messages go ahead but leave
   one normal message between them so normal ones never starve; a new message never starts
-  before an older one that has not begun;
+  before an older one that has not begun; bulk replies (a body of
+  :data:`~p2psync.blip.wire.BULK_REPLY_BYTES` or more) take their turns one at a time, in the
+  order they were queued;
 - frame sizes: :data:`~p2psync.blip.wire.FRAME_SIZE`, or
   :data:`~p2psync.blip.wire.BIG_FRAME_SIZE` for an urgent message or when nothing else waits;
 - flow control: ACKs every :data:`~p2psync.blip.wire.ACK_INTERVAL` bytes of an incoming
@@ -44,6 +46,7 @@ from p2psync.blip.wire import (
     ACK_MSG,
     ACK_RPY,
     BIG_FRAME_SIZE,
+    BULK_REPLY_BYTES,
     CHECKSUM_SIZE,
     COMPRESSED,
     COMPRESSION_LEVEL,
@@ -302,6 +305,9 @@ class BlipConnection:
         self._unfinished = 0  # outgoing messages whose last frame has not left
         self._reply_backlog = 0  # bytes of replies (RPY, ERR) queued and not yet framed
         self._outbox: deque[_Outgoing] = deque()
+        # The bulk reply in the outbox's rotation, and those queued behind it (not in the outbox).
+        self._bulk: _Outgoing | None = None
+        self._bulk_waiting: deque[_Outgoing] = deque()
         # ACKs due, as (ack type, number, count): one per crossing of an ACK_INTERVAL multiple,
         # carrying the count at the crossing frame (what the spec says, and what a strict
         # peer checks). A frame is smaller than the interval, so a frame makes at most one.
@@ -500,6 +506,10 @@ class BlipConnection:
                     del (self._out_requests if msg.type == MSG else self._out_replies)[number]
                 self._unfinished -= 1
                 finished.append((msg.type, number))
+                if msg is self._bulk:
+                    self._bulk = self._bulk_waiting.popleft() if self._bulk_waiting else None
+                    if self._bulk is not None:
+                        self._enqueue(self._bulk)
         self.bytes_sent += total
         return out
 
@@ -587,6 +597,7 @@ class BlipConnection:
         if self.state is ConnectionState.OPEN:
             self.state = ConnectionState.CLOSED
         self._outbox.clear()
+        self._bulk, self._bulk_waiting = None, deque()
         self._acks.clear()
         self._out_requests.clear()
         self._out_replies.clear()
@@ -604,6 +615,7 @@ class BlipConnection:
         self.state = ConnectionState.ERROR
         self.error = reason
         self._outbox.clear()
+        self._bulk, self._bulk_waiting = None, deque()
         self._acks.clear()
         self._reply_backlog = 0
         raise ProtocolError(reason)
@@ -629,6 +641,11 @@ class BlipConnection:
             msg.tracked = True
             table[number] = msg
         self._unfinished += 1
+        if mtype != MSG and not more_body and not msg.urgent and msg.pending >= BULK_REPLY_BYTES:
+            if self._bulk is not None:
+                self._bulk_waiting.append(msg)
+                return
+            self._bulk = msg
         self._enqueue(msg)
 
     def _send_response(

@@ -59,6 +59,12 @@ MAX_UNACKED_BYTES = 128_000
 #: 100 × 10 MiB went 102 → 154 MB/s and both sides spent ~20% less CPU (4,000,000 and
 #: 16,000,000 measured no better; docs/benchmarks.md).
 WIDE_UNACKED_BYTES = 1_000_000
+#: A reply whose body is at least this large (a whole body, not streamed) is *bulk*: it goes
+#: out after the bulk replies queued before it, not beside them. Interleaved, two 10 MiB
+#: replies each took twice as long to finish, in 4 KiB frames instead of 16 KiB (a frame's
+#: Python costs the same whatever its size), and a sink that fetched three attachments ahead
+#: got all three at the end, together. Ours; a local sending order, nothing on the wire.
+BULK_REPLY_BYTES = 256 * 1024
 #: Largest encoded properties block we accept or send (the issue: at most 100 KiB).
 MAX_PROPERTIES_SIZE = 100 * 1024
 #: Largest output one compressed frame may inflate to. Reference senders put at most 16 KiB of

@@ -21,6 +21,7 @@ from p2psync.blip.wire import (
     ACK_MSG,
     ACK_RPY,
     BIG_FRAME_SIZE,
+    BULK_REPLY_BYTES,
     COMPRESSED,
     ERR,
     FRAME_SIZE,
@@ -181,6 +182,61 @@ def test_a_new_message_never_starts_before_an_older_unstarted_one() -> None:
     a.send_request({}, b"c", urgent=True)  # 3: urgent, but must not overtake 2
     order = [number for number, _, _ in frame_sizes(a)]
     assert order.index(2) < order.index(3)
+
+
+def test_bulk_replies_go_one_after_another_in_the_order_they_were_queued() -> None:
+    """Large replies do not share the outbox's turns (each would finish late, in small frames):
+    the second begins after the last frame of the first, in big frames; a small reply and a
+    request still pass them, and a bulk reply queued behind is not lost on close."""
+    a, b = BlipConnection(), BlipConnection()
+    for _ in range(4):
+        a.send_request({"Profile": "getAttachment"}, b"?")
+    pump(a, b)
+    size = 3 * BULK_REPLY_BYTES
+    b.send_window = 1 << 30  # no ACKs here: the window is not what this is about
+    b.send_reply(1, {}, b"1" * size)
+    b.send_reply(2, {}, b"2" * size)
+    b.send_reply(3, {}, b"s" * 100)  # small: takes its turn as ever
+    b.send_reply(4, {}, b"4" * size)
+    frames = b.frames_to_send(1 << 30)
+    sizes = [(*parse_frame_header(frame)[:2], len(frame)) for frame in frames]
+    order = [number for number, _, _ in sizes]
+    assert 3 in order[:3]
+    last = {n: max(i for i, m in enumerate(order) if m == n) for n in (1, 2, 4)}
+    first = {n: order.index(n) for n in (1, 2, 4)}
+    assert last[1] < first[2] and last[2] < first[4], order
+    bulk = [size for number, flags, size in sizes if number != 3 and flags & MORE_COMING]
+    assert sum(s == BIG_FRAME_SIZE for s in bulk) > len(bulk) - 3  # big frames, but beside #3
+    events = [event for frame in frames for event in a.receive_message(frame)]
+    received = assemble(events)
+    assert [received[(RPY, n)][1] for n in (1, 2, 4)] == [b"1" * size, b"2" * size, b"4" * size]
+
+
+def test_a_bulk_reply_below_the_line_or_urgent_or_streamed_is_not_held_back() -> None:
+    a, b = BlipConnection(), BlipConnection()
+    for _ in range(4):
+        a.send_request({"Profile": "x"}, b"?")
+    pump(a, b)
+    b.send_window = 1 << 30
+    b.send_reply(1, {}, b"1" * 2 * BULK_REPLY_BYTES)
+    b.send_reply(2, {}, b"2" * (BULK_REPLY_BYTES - 100))
+    b.send_reply(3, {}, b"3" * 2 * BULK_REPLY_BYTES, urgent=True)
+    b.send_reply(4, {}, b"4" * 1000, more_body=True)
+    b.append_body(RPY, 4, b"4" * 2 * BULK_REPLY_BYTES, end=True)
+    order = [number for number, _, _ in frame_sizes(b)]
+    assert set(order[:8]) == {1, 2, 3, 4}
+
+
+def test_closing_forgets_bulk_replies_queued_behind() -> None:
+    a, b = BlipConnection(), BlipConnection()
+    for _ in range(2):
+        a.send_request({"Profile": "x"}, b"?")
+    pump(a, b)
+    b.send_reply(1, {}, b"1" * 2 * BULK_REPLY_BYTES)
+    b.send_reply(2, {}, b"2" * 2 * BULK_REPLY_BYTES)
+    assert b.queued_messages == 2
+    b.close()
+    assert b.frames_to_send(1 << 30) == [] and b.queued_messages == 0 and not b.wants_to_send
 
 
 def test_sender_pauses_at_the_window_and_an_ack_resumes_it() -> None:
