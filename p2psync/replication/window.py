@@ -42,6 +42,8 @@ class WindowItem:
     #: another link of this store is receiving its message: it waits for that apply (open
     #: until then, so no checkpoint passes it) without holding up the turns after it
     elsewhere: bool = False
+    #: its message (or the source's word that there is none) arrived
+    arrived: bool = False
 
     @property
     def done(self) -> bool:
@@ -115,6 +117,15 @@ class ProgressWindow:
                 break
             n += 1
         return n
+
+    def arrived_before(self, item: WindowItem) -> bool:
+        """Whether every open item before ``item`` has arrived (False if it is not here)."""
+        for other in self._items:
+            if other is item:
+                return True
+            if not (other.done or other.arrived or other.elsewhere):
+                return False
+        return False
 
     def open_items(self) -> list[WindowItem]:
         return [item for item in self._items if not item.done]

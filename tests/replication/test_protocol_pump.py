@@ -22,6 +22,7 @@ from p2psync.dwn.engine import Dwn
 from p2psync.dwn.records_write import RecordsWrite
 from p2psync.dwn.store import Store
 from p2psync.replication import protocol as protocol_module
+from p2psync.replication import sink as sink_module
 from p2psync.replication.checkpoint import checkpoint_id
 from p2psync.replication.effects import (
     AwaitClaim,
@@ -373,6 +374,61 @@ def test_a_sink_keeps_attachment_bytes_in_flight_bounded(tmp_path: Path, monkeyp
     run(wire, pull)
     assert sink.stats.attachments_fetched == 12
     assert max(peaks) == 200_000 // 60_000  # three at a time: the bytes bound, not the count
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_sink_fetches_attachments_ahead_in_turn_order_whatever_order_the_revs_arrive_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int
+) -> None:
+    """`rev`s handled in another order than they were sent (the wire here delivers at random,
+    as trio may start the handlers of requests that arrived together in reverse) still have
+    their data fetched in turn order, some ahead of their turn: a later record that took the
+    prefetch room first would leave the next in line to fetch at its turn, one at a time."""
+    monkeypatch.setattr(sink_module, "PREFETCH_BYTES", 130_000)  # two 60 kB records ahead
+    laptop = make_side(tmp_path, "laptop", active=False)
+    phone = make_side(tmp_path, "phone", active=True)
+    dwn, clock = Dwn(laptop.store), Clock()
+    turn_of: dict[str, int] = {}
+    for i in range(10):
+        now = clock.tick()
+        data = bytes([i]) * 60_000  # out of line: each by getAttachment
+        write = RecordsWrite.create(signer=ALICE, data=data, schema=NOTE, data_format="text/plain",
+                                    message_timestamp=now, date_created=now)
+        assert dwn.process_message(ALICE.did, write.message, data).code == 202
+        turn_of[write.message["descriptor"]["dataCid"]] = i
+    fetched: list[int] = []
+    outstanding: set[int] = set()
+    peaks: list[int] = [0]
+    asked, answered = phone.proto.outputs, phone.proto.receive_response
+
+    def outputs() -> list[Any]:
+        outs = asked()
+        for o in outs:
+            if isinstance(o, SendRequest) and o.profile == "getAttachment":
+                fetched.append(turn_of[o.properties["dataCid"]])
+                outstanding.add(o.ref)
+        peaks.append(len(outstanding))
+        return outs
+
+    def receive_response(ref: int, *args: Any) -> None:
+        outstanding.discard(ref)
+        answered(ref, *args)
+
+    monkeypatch.setattr(phone.proto, "outputs", outputs)
+    monkeypatch.setattr(phone.proto, "receive_response", receive_response)
+    wire = Wire(laptop, phone, random.Random(seed))
+    laptop.proto.start_hello()
+    run(wire, phone.proto.start_hello())
+    scope = SyncScope.global_scope()
+    cp_id = checkpoint_id(store_id(phone.store), store_id(laptop.store), scope.scope_id, ALICE.did)
+    index, _ = run(wire, phone.proto.open_collection(ALICE.did, scope, cp_id))
+    key = phone.service.ledger.open_link(ALICE.did, f"{ALICE.did}?storeId={store_id(laptop.store)}", scope).key
+    pull, sink = phone.proto.pull(index, None, key=key, direction=Direction.PULL, batch=10)
+    run(wire, pull)
+    assert fetched == list(range(10))
+    assert max(peaks) >= 2  # ahead of their turns
+    assert sink.stats.attachments_fetched == 10 and sink.stats.revs_applied == 10
+    assert sink._prefetch_room == 130_000 and not sink._ahead_waiting  # all given back
 
 
 def test_a_feed_that_fails_inside_closes_the_connection_instead_of_leaving_the_puller_waiting(
