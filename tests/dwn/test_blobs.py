@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from p2psync.dwn import blobs as blobs_module
 from p2psync.dwn import store as store_module
-from p2psync.dwn.blobs import STAGED_MAX, STALE_TEMPORARY_SECONDS, BlobCorrupt, parse_reference
+from p2psync.dwn.blobs import SEAL_ATTRIBUTE, STAGED_MAX, STALE_TEMPORARY_SECONDS, BlobCorrupt, parse_reference
 from p2psync.dwn.canonical import archived_data
 from p2psync.dwn.datacid import data_cid
 from p2psync.dwn.encoding import message_cid
@@ -185,6 +186,38 @@ def test_a_damaged_file_is_refused(tmp_path: Path, damage: str) -> None:
     with pytest.raises(BlobCorrupt) as raised:
         store.data.get(ALICE.did, write.message["recordId"], data_cid(_big(1)))
     assert raised.value.code == "StoreDataCorrupt" and raised.value.status == 500
+
+
+def test_a_file_written_here_is_sealed_and_read_without_hashing_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The seal (dwn/blobs.py) spares a read the SHA-256 pass; a file without it is hashed."""
+    store = Store(tmp_path / "s.db")
+    write = _write(Dwn(store), Clock(), _big(1))
+    path = store.blobs.path(data_cid(_big(1)))
+    st = path.stat()
+    assert os.getxattr(path, SEAL_ATTRIBUTE) == f"{st.st_mtime_ns}:{st.st_size}".encode()
+    hashed: list[int] = []
+    monkeypatch.setattr(blobs_module, "data_cid", lambda data: hashed.append(len(data)) or data_cid(data))
+
+    def read() -> bytes | None:
+        return store.data.get(ALICE.did, write.message["recordId"], data_cid(_big(1)))
+
+    assert read() == _big(1) and hashed == []
+    os.removexattr(path, SEAL_ATTRIBUTE)  # copied without its extended attributes, say
+    assert read() == _big(1) and hashed == [BIG]
+
+
+def test_a_file_altered_in_place_no_longer_matches_its_seal(tmp_path: Path) -> None:
+    """Same inode, same size, the seal still attached: the new modification time gives it away."""
+    store = Store(tmp_path / "s.db")
+    write = _write(Dwn(store), Clock(), _big(1))
+    path = store.blobs.path(data_cid(_big(1)))
+    with open(path, "r+b") as f:
+        f.write(b"\xff")
+    assert os.getxattr(path, SEAL_ATTRIBUTE)
+    with pytest.raises(BlobCorrupt, match="does not hash to its name"):
+        store.data.get(ALICE.did, write.message["recordId"], data_cid(_big(1)))
 
 
 def test_staged_data_is_installed_by_the_write_and_bounded(tmp_path: Path) -> None:

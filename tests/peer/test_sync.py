@@ -325,10 +325,10 @@ async def test_fetched_attachment_is_hashed_once_as_it_arrives(tmp_path: Path, m
     async with served(passive) as url:
         summary = await active.sync(url, tenant=ALICE.did)
     assert summary.pull is not None and summary.pull.attachments_fetched == 1
-    # Twice in all, in this one process: the source checks its file as it reads it, the
-    # syncing side hashes what arrived (on a worker thread); the sink's check and the engine's
-    # apply take that CID.
-    assert whole_hashes.count(BIG) == 2
+    # Once in all, in this one process: the syncing side hashes what arrived (on a worker
+    # thread), and the sink's check and the engine's apply take that CID; the source serves its
+    # file unhashed, sealed as checked when it was written (dwn/blobs.py).
+    assert whole_hashes.count(BIG) == 1
     assert_same(a, b, ALICE)
 
 
