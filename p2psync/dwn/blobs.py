@@ -43,6 +43,8 @@ reference count (indexed, see schema 9), so nothing has to keep a counter right 
 from __future__ import annotations
 
 import contextlib
+import errno
+import mmap
 import os
 import threading
 import time
@@ -109,6 +111,66 @@ def _drop_cached(fd: int) -> None:
         advise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
 
+#: Write blob files past the page cache (O_DIRECT) where the platform and file system allow.
+DIRECT_WRITES: Final = hasattr(os, "O_DIRECT")
+#: O_DIRECT wants the buffer, the offset and the length aligned; 4096 covers the logical block
+#: sizes of the disks here (512 or 4096).
+_DIRECT_ALIGN: Final = 4096
+#: The aligned buffer each writing thread copies data through (reused: a fresh one would be
+#: fresh pages, the very cost this avoids).
+_DIRECT_BUFFER: Final = 1 << 20
+_direct_buffers = threading.local()
+
+
+def _write_direct(path: Path, data: bytes | bytearray | memoryview) -> bool:
+    """Write ``data`` to the new file ``path`` with O_DIRECT, fsync and seal it; False (and no
+    file) where the file system refuses O_DIRECT (tmpfs, some network file systems): the caller
+    then writes it through the page cache.
+
+    Through the page cache, a new 10 MiB file costs ~4 ms of CPU even with its pages dropped
+    after the fsync (29 ms without, on these VMs); straight from an aligned buffer, ~2 ms
+    (tests/bench/bench_blob_write.py). The tail is padded to the alignment, then cut back by
+    ``ftruncate``."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_DIRECT, 0o644)
+    except OSError:
+        return False
+    try:
+        buffer = getattr(_direct_buffers, "buffer", None)
+        if buffer is None:
+            buffer = _direct_buffers.buffer = mmap.mmap(-1, _DIRECT_BUFFER)  # page-aligned
+        view = memoryview(data).cast("B")
+        size = len(view)
+        done = 0
+        while done < size:
+            n = min(_DIRECT_BUFFER, size - done)
+            buffer[:n] = view[done : done + n]
+            aligned = -(-n // _DIRECT_ALIGN) * _DIRECT_ALIGN
+            if aligned != n:
+                buffer[n:aligned] = bytes(aligned - n)
+            with memoryview(buffer)[:aligned] as chunk:
+                written = os.pwrite(fd, chunk, done)
+            if written != aligned:
+                raise OSError(f"short O_DIRECT write: {written} of {aligned} bytes")
+            done += n
+        if size % _DIRECT_ALIGN:
+            os.ftruncate(fd, size)
+        os.fsync(fd)
+        _seal(fd)
+    except OSError as exc:
+        os.close(fd)
+        path.unlink(missing_ok=True)
+        if exc.errno == errno.EINVAL:  # opened, but the file system would not write that way
+            return False
+        raise
+    except BaseException:
+        os.close(fd)
+        path.unlink(missing_ok=True)
+        raise
+    os.close(fd)
+    return True
+
+
 def blob_reference(cid: str, size: int) -> str:
     """The TEXT value a row keeps for data held as the file ``cid``."""
     return f"{cid}:{size}"
@@ -142,6 +204,8 @@ class BlobFiles:
         # dataCid -> a written, fsync'd temporary file holding it, not yet installed
         self._staged: OrderedDict[str, Path] = OrderedDict()
         self._lock = threading.Lock()  # `stage` runs on worker threads
+        #: write files with O_DIRECT where the file system takes it (see :func:`_write_direct`)
+        self.direct = DIRECT_WRITES
 
     def path(self, cid: str) -> Path:
         return self.directory / cid
@@ -179,12 +243,13 @@ class BlobFiles:
         """A new temporary file holding ``data``, fsync'd (none is left behind on failure)."""
         temporary = self.temporary()
         try:
-            with open(temporary, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-                _seal(f.fileno())
-                _drop_cached(f.fileno())
+            if not (self.direct and _write_direct(temporary, data)):
+                with open(temporary, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                    _seal(f.fileno())
+                    _drop_cached(f.fileno())
         except BaseException:
             temporary.unlink(missing_ok=True)
             raise

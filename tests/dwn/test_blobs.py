@@ -4,16 +4,25 @@ outlive the next commit or open, and a damaged file is refused, never returned."
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from p2psync.dwn import blobs as blobs_module
 from p2psync.dwn import store as store_module
-from p2psync.dwn.blobs import SEAL_ATTRIBUTE, STAGED_MAX, STALE_TEMPORARY_SECONDS, BlobCorrupt, parse_reference
+from p2psync.dwn.blobs import (
+    SEAL_ATTRIBUTE,
+    STAGED_MAX,
+    STALE_TEMPORARY_SECONDS,
+    BlobCorrupt,
+    BlobFiles,
+    parse_reference,
+)
 from p2psync.dwn.canonical import archived_data
 from p2psync.dwn.datacid import data_cid
 from p2psync.dwn.encoding import message_cid
@@ -218,6 +227,38 @@ def test_a_file_altered_in_place_no_longer_matches_its_seal(tmp_path: Path) -> N
     assert os.getxattr(path, SEAL_ATTRIBUTE)
     with pytest.raises(BlobCorrupt, match="does not hash to its name"):
         store.data.get(ALICE.did, write.message["recordId"], data_cid(_big(1)))
+
+
+@pytest.mark.parametrize("size", [30_001, 4096 * 300, (1 << 20) * 3 + 7])
+@pytest.mark.parametrize("direct", ["taken", "refused at open", "refused at write"])
+def test_a_file_is_written_whole_past_the_page_cache_or_through_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int, direct: str
+) -> None:
+    """O_DIRECT from the aligned buffer (a tail padded, then cut), or, where the file system
+    refuses it, the ordinary write: either way the same bytes, fsync'd and sealed."""
+    data = os.urandom(size)
+    real_open = os.open
+    if direct == "refused at open":
+        def no_direct(path: Any, flags: int, *args: Any) -> int:
+            if flags & os.O_DIRECT:
+                raise OSError(errno.EINVAL, "O_DIRECT not supported")
+            return real_open(path, flags, *args)
+        monkeypatch.setattr(os, "open", no_direct)
+    elif direct == "refused at write":
+        def no_pwrite(fd: int, data: Any, offset: int) -> int:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        monkeypatch.setattr(os, "pwrite", no_pwrite)
+    buffered: list[int] = []
+    monkeypatch.setattr(blobs_module, "_drop_cached", buffered.append)  # only the ordinary write calls it
+    blobs = BlobFiles(tmp_path / "blobs")
+    assert blobs.direct == hasattr(os, "O_DIRECT")
+    assert blobs.write(data, "bafkfake") is True
+    assert len(buffered) == (0 if direct == "taken" else 1)
+    path = blobs.path("bafkfake")
+    assert path.read_bytes() == data
+    st = path.stat()
+    assert os.getxattr(path, SEAL_ATTRIBUTE) == f"{st.st_mtime_ns}:{st.st_size}".encode()
+    assert [p.name for p in blobs.directory.iterdir()] == ["bafkfake"]  # no temporary left
 
 
 def test_staged_data_is_installed_by_the_write_and_bounded(tmp_path: Path) -> None:
