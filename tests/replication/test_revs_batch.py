@@ -170,3 +170,65 @@ def test_a_store_failure_defers_only_the_member_it_met(pushed: Any, monkeypatch:
     assert applies(pushed) == ["ApplyBatch", "ApplyBatch"]
     assert pushed.applied == ["n1", "n3"]
     assert failing not in set(pushed.laptop.store.messages.cids(ALICE.did))
+
+
+def test_members_whose_data_travels_out_of_line_are_fetched_ahead_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A `revs` may carry members with only a dataSize (another implementation's source may
+    batch them): each is fetched by getAttachment, in listed order, some ahead of their turn
+    while the members before them apply, and every one applies."""
+    laptop = make_side(tmp_path, "laptop", active=False)
+    phone = make_side(tmp_path, "phone", active=True)
+    dwn, clock = Dwn(phone.store), Clock()
+    notes = []
+    for i in range(5):
+        now = clock.tick()
+        data = bytes([i + 1]) * 50_000
+        write = RecordsWrite.create(signer=ALICE, data=data, schema=NOTE, data_format="text/plain",
+                                    message_timestamp=now, date_created=now)
+        assert dwn.process_message(ALICE.did, write.message, data).code == 202
+        notes.append((write.message, data))
+    wire = Wire(laptop, phone, random.Random(3))
+    laptop.proto.start_hello()
+    run(wire, phone.proto.start_hello())
+    scope = SyncScope.global_scope()
+    index, _ = run(wire, phone.proto.open_collection(
+        ALICE.did, scope, checkpoint_id(store_id(phone.store), store_id(laptop.store), scope.scope_id, ALICE.did)))
+    fetched: list[str] = []
+    outstanding: set[int] = set()
+    peak = [0]
+    outputs, answered = laptop.proto.outputs, laptop.proto.receive_response
+
+    def spied() -> list[Any]:
+        outs = outputs()
+        for o in outs:
+            if getattr(o, "profile", "") == "getAttachment":
+                fetched.append(o.properties["messageCid"])
+                outstanding.add(o.ref)
+        peak[0] = max(peak[0], len(outstanding))
+        return outs
+
+    def receive_response(ref: int, *args: Any) -> None:
+        outstanding.discard(ref)
+        answered(ref, *args)
+
+    monkeypatch.setattr(laptop.proto, "outputs", spied)
+    monkeypatch.setattr(laptop.proto, "receive_response", receive_response)
+    stream_id, epoch = phone.store.events.stream(ALICE.did)
+    position = {cid: str(p) for p, cid in phone.store.events.read(ALICE.did, after=-1)}
+    members = []
+    for message, data in notes:
+        entry = ReplicationEntry(message, data)
+        phone.proto.offer(ALICE.did, entry)  # as its source does before sending a message
+        members.append({**message_entry(entry), "position": position[entry.cid], "messageCid": entry.cid})
+    assert all("data" not in m and m["dataSize"] == 50_000 for m in members)
+    listing = {"streamId": stream_id, "epoch": epoch, "items": [[m["position"], m["messageCid"]] for m in members]}
+    props = {"collection": str(index)}
+    assert ask(wire, laptop, "proposeChanges", props, listing) == []
+    answer = ask(wire, laptop, "revs", props, {"revs": members})
+    assert [r["kind"] for r in answer["results"]] == ["Applied"] * 5
+    assert fetched == [m["messageCid"] for m in members]
+    assert peak[0] >= 2  # ahead of their turns, not one at a time
+    for message, data in notes:
+        assert laptop.store.data.get(ALICE.did, message["recordId"], message["descriptor"]["dataCid"]) == data
