@@ -174,6 +174,38 @@ def run(wire: Wire, operation: Any) -> Any:
     return operation.outcome()
 
 
+@dataclass
+class AttachmentSpy:
+    """The getAttachment requests a side sent (their properties, in order) and the most that
+    were waiting for their replies at once."""
+
+    fetched: list[dict[str, str]] = field(default_factory=list)
+    waiting: set[int] = field(default_factory=set)
+    peak: int = 0
+
+
+def spy_attachments(monkeypatch: pytest.MonkeyPatch, side: Side) -> AttachmentSpy:
+    spy = AttachmentSpy()
+    asked, answered = side.proto.outputs, side.proto.receive_response
+
+    def outputs() -> list[Any]:
+        outs = asked()
+        for out in outs:
+            if isinstance(out, SendRequest) and out.profile == "getAttachment":
+                spy.fetched.append(out.properties)
+                spy.waiting.add(out.ref)
+        spy.peak = max(spy.peak, len(spy.waiting))
+        return outs
+
+    def receive_response(ref: int, *args: Any) -> None:
+        spy.waiting.discard(ref)
+        answered(ref, *args)
+
+    monkeypatch.setattr(side.proto, "outputs", outputs)
+    monkeypatch.setattr(side.proto, "receive_response", receive_response)
+    return spy
+
+
 def greeted_pair(tmp_path: Path, notes: int, seed: int) -> tuple[Wire, Side, Side]:
     """A passive laptop holding ``notes`` of alice's notes and an active, empty phone, their
     hellos exchanged: ``(wire, laptop, phone)``."""
@@ -333,47 +365,42 @@ def test_a_stopped_sink_refuses_listings_so_nothing_moves_after_the_final_save(t
     assert phone.service.ledger.get_checkpoint(round_.key, Direction.PULL) == before
 
 
-def test_a_sink_keeps_attachment_bytes_in_flight_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A source holds each getAttachment reply whole until it is written, so the sink bounds the
-    bytes it asks for at once (MAX_ATTACHMENT_BYTES_IN_FLIGHT), not only their number: 60 kB
-    records under a 200 kB budget go three at a time, where the count alone allows eight."""
-    monkeypatch.setattr(protocol_module, "MAX_ATTACHMENT_BYTES_IN_FLIGHT", 200_000)
+def pull_large_notes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, count: int,
+                     seed: int) -> tuple[Any, AttachmentSpy, dict[str, int]]:
+    """An empty phone pulls ``count`` notes of 60 kB (each out of line, by getAttachment) from a
+    laptop in one listing: (its sink, its attachment requests, each dataCid's turn)."""
     laptop = make_side(tmp_path, "laptop", active=False)
     phone = make_side(tmp_path, "phone", active=True)
     dwn, clock = Dwn(laptop.store), Clock()
-    for i in range(12):
+    turn_of: dict[str, int] = {}
+    for i in range(count):
         now = clock.tick()
-        data = bytes([i]) * 60_000  # out of line: each by getAttachment
+        data = bytes([i]) * 60_000
         write = RecordsWrite.create(signer=ALICE, data=data, schema=NOTE, data_format="text/plain",
                                     message_timestamp=now, date_created=now)
         assert dwn.process_message(ALICE.did, write.message, data).code == 202
-    outstanding: set[int] = set()
-    peaks: list[int] = [0]
-    asked, answered = phone.proto.outputs, phone.proto.receive_response
-
-    def outputs() -> list[Any]:
-        outs = asked()
-        outstanding.update(o.ref for o in outs if isinstance(o, SendRequest) and o.profile == "getAttachment")
-        peaks.append(len(outstanding))
-        return outs
-
-    def receive_response(ref: int, *args: Any) -> None:
-        outstanding.discard(ref)
-        answered(ref, *args)
-
-    monkeypatch.setattr(phone.proto, "outputs", outputs)
-    monkeypatch.setattr(phone.proto, "receive_response", receive_response)
-    wire = Wire(laptop, phone, random.Random(7))
+        turn_of[write.message["descriptor"]["dataCid"]] = i
+    spy = spy_attachments(monkeypatch, phone)
+    wire = Wire(laptop, phone, random.Random(seed))
     laptop.proto.start_hello()
     run(wire, phone.proto.start_hello())
     scope = SyncScope.global_scope()
     cp_id = checkpoint_id(store_id(phone.store), store_id(laptop.store), scope.scope_id, ALICE.did)
     index, _ = run(wire, phone.proto.open_collection(ALICE.did, scope, cp_id))
     key = phone.service.ledger.open_link(ALICE.did, f"{ALICE.did}?storeId={store_id(laptop.store)}", scope).key
-    pull, sink = phone.proto.pull(index, None, key=key, direction=Direction.PULL, batch=12)
+    pull, sink = phone.proto.pull(index, None, key=key, direction=Direction.PULL, batch=count)
     run(wire, pull)
+    return sink, spy, turn_of
+
+
+def test_a_sink_keeps_attachment_bytes_in_flight_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A source holds each getAttachment reply whole until it is written, so the sink bounds the
+    bytes it asks for at once (MAX_ATTACHMENT_BYTES_IN_FLIGHT), not only their number: 60 kB
+    records under a 200 kB budget go three at a time, where the count alone allows eight."""
+    monkeypatch.setattr(protocol_module, "MAX_ATTACHMENT_BYTES_IN_FLIGHT", 200_000)
+    sink, spy, _ = pull_large_notes(tmp_path, monkeypatch, 12, seed=7)
     assert sink.stats.attachments_fetched == 12
-    assert max(peaks) == 200_000 // 60_000  # three at a time: the bytes bound, not the count
+    assert spy.peak == 200_000 // 60_000  # three at a time: the bytes bound, not the count
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -385,48 +412,9 @@ def test_a_sink_fetches_attachments_ahead_in_turn_order_whatever_order_the_revs_
     their data fetched in turn order, some ahead of their turn: a later record that took the
     prefetch room first would leave the next in line to fetch at its turn, one at a time."""
     monkeypatch.setattr(sink_module, "PREFETCH_BYTES", 130_000)  # two 60 kB records ahead
-    laptop = make_side(tmp_path, "laptop", active=False)
-    phone = make_side(tmp_path, "phone", active=True)
-    dwn, clock = Dwn(laptop.store), Clock()
-    turn_of: dict[str, int] = {}
-    for i in range(10):
-        now = clock.tick()
-        data = bytes([i]) * 60_000  # out of line: each by getAttachment
-        write = RecordsWrite.create(signer=ALICE, data=data, schema=NOTE, data_format="text/plain",
-                                    message_timestamp=now, date_created=now)
-        assert dwn.process_message(ALICE.did, write.message, data).code == 202
-        turn_of[write.message["descriptor"]["dataCid"]] = i
-    fetched: list[int] = []
-    outstanding: set[int] = set()
-    peaks: list[int] = [0]
-    asked, answered = phone.proto.outputs, phone.proto.receive_response
-
-    def outputs() -> list[Any]:
-        outs = asked()
-        for o in outs:
-            if isinstance(o, SendRequest) and o.profile == "getAttachment":
-                fetched.append(turn_of[o.properties["dataCid"]])
-                outstanding.add(o.ref)
-        peaks.append(len(outstanding))
-        return outs
-
-    def receive_response(ref: int, *args: Any) -> None:
-        outstanding.discard(ref)
-        answered(ref, *args)
-
-    monkeypatch.setattr(phone.proto, "outputs", outputs)
-    monkeypatch.setattr(phone.proto, "receive_response", receive_response)
-    wire = Wire(laptop, phone, random.Random(seed))
-    laptop.proto.start_hello()
-    run(wire, phone.proto.start_hello())
-    scope = SyncScope.global_scope()
-    cp_id = checkpoint_id(store_id(phone.store), store_id(laptop.store), scope.scope_id, ALICE.did)
-    index, _ = run(wire, phone.proto.open_collection(ALICE.did, scope, cp_id))
-    key = phone.service.ledger.open_link(ALICE.did, f"{ALICE.did}?storeId={store_id(laptop.store)}", scope).key
-    pull, sink = phone.proto.pull(index, None, key=key, direction=Direction.PULL, batch=10)
-    run(wire, pull)
-    assert fetched == list(range(10))
-    assert max(peaks) >= 2  # ahead of their turns
+    sink, spy, turn_of = pull_large_notes(tmp_path, monkeypatch, 10, seed)
+    assert [turn_of[props["dataCid"]] for props in spy.fetched] == list(range(10))
+    assert spy.peak >= 2  # ahead of their turns
     assert sink.stats.attachments_fetched == 10 and sink.stats.revs_applied == 10
     assert sink._prefetch_room == 130_000 and not sink._ahead_waiting  # all given back
 

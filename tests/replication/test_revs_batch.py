@@ -9,9 +9,10 @@ record's initial write, carry damaged data, or meet a failing store in the middl
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -26,7 +27,9 @@ from p2psync.replication.wire import decode_body, encode_body
 from p2psync.state.copies import store_id
 from tests.peer.support import NOTE
 from tests.replication.support import Clock
-from tests.replication.test_protocol_pump import ALICE, Side, Wire, make_side, run
+from tests.replication.test_protocol_pump import ALICE, Side, Wire, make_side, run, spy_attachments
+
+T = TypeVar("T")
 
 
 class _Catch:
@@ -70,19 +73,26 @@ def _notes(store: Store, clock: Clock) -> dict[str, tuple[dict[str, Any], bytes]
     return out
 
 
-@pytest.fixture
-def pushed(tmp_path: Path) -> Any:
-    """A passive laptop (the sink) and an active phone that proposes its notes by hand, and
-    every store request the laptop carried out, in order."""
+def _pair(tmp_path: Path, seed: int, fill: Callable[[Store], T]) -> tuple[Side, Side, Wire, int, T]:
+    """A passive laptop and an active phone whose store ``fill`` wrote, greeted, with one
+    collection open: (laptop, phone, wire, collection index, what ``fill`` returned)."""
     laptop = make_side(tmp_path, "laptop", active=False)
     phone = make_side(tmp_path, "phone", active=True)
-    notes = _notes(phone.store, Clock())
-    wire = Wire(laptop, phone, random.Random(7))
+    filled = fill(phone.store)
+    wire = Wire(laptop, phone, random.Random(seed))
     laptop.proto.start_hello()
     run(wire, phone.proto.start_hello())
     scope = SyncScope.global_scope()
     index, _ = run(wire, phone.proto.open_collection(
         ALICE.did, scope, checkpoint_id(store_id(phone.store), store_id(laptop.store), scope.scope_id, ALICE.did)))
+    return laptop, phone, wire, index, filled
+
+
+@pytest.fixture
+def pushed(tmp_path: Path) -> Any:
+    """A passive laptop (the sink) and an active phone that proposes its notes by hand, and
+    every store request the laptop carried out, in order."""
+    laptop, phone, wire, index, notes = _pair(tmp_path, 7, lambda store: _notes(store, Clock()))
     requests: list[Any] = []
     applied: list[str] = []
     carry_out, apply_entry = laptop.service.run, laptop.service._apply_entry
@@ -178,43 +188,19 @@ def test_members_whose_data_travels_out_of_line_are_fetched_ahead_in_order(
     """A `revs` may carry members with only a dataSize (another implementation's source may
     batch them): each is fetched by getAttachment, in listed order, some ahead of their turn
     while the members before them apply, and every one applies."""
-    laptop = make_side(tmp_path, "laptop", active=False)
-    phone = make_side(tmp_path, "phone", active=True)
-    dwn, clock = Dwn(phone.store), Clock()
-    notes = []
-    for i in range(5):
-        now = clock.tick()
-        data = bytes([i + 1]) * 50_000
-        write = RecordsWrite.create(signer=ALICE, data=data, schema=NOTE, data_format="text/plain",
-                                    message_timestamp=now, date_created=now)
-        assert dwn.process_message(ALICE.did, write.message, data).code == 202
-        notes.append((write.message, data))
-    wire = Wire(laptop, phone, random.Random(3))
-    laptop.proto.start_hello()
-    run(wire, phone.proto.start_hello())
-    scope = SyncScope.global_scope()
-    index, _ = run(wire, phone.proto.open_collection(
-        ALICE.did, scope, checkpoint_id(store_id(phone.store), store_id(laptop.store), scope.scope_id, ALICE.did)))
-    fetched: list[str] = []
-    outstanding: set[int] = set()
-    peak = [0]
-    outputs, answered = laptop.proto.outputs, laptop.proto.receive_response
+    def large_notes(store: Store) -> list[tuple[dict[str, Any], bytes]]:
+        dwn, clock, notes = Dwn(store), Clock(), []
+        for i in range(5):
+            now = clock.tick()
+            data = bytes([i + 1]) * 50_000
+            write = RecordsWrite.create(signer=ALICE, data=data, schema=NOTE, data_format="text/plain",
+                                        message_timestamp=now, date_created=now)
+            assert dwn.process_message(ALICE.did, write.message, data).code == 202
+            notes.append((write.message, data))
+        return notes
 
-    def spied() -> list[Any]:
-        outs = outputs()
-        for o in outs:
-            if getattr(o, "profile", "") == "getAttachment":
-                fetched.append(o.properties["messageCid"])
-                outstanding.add(o.ref)
-        peak[0] = max(peak[0], len(outstanding))
-        return outs
-
-    def receive_response(ref: int, *args: Any) -> None:
-        outstanding.discard(ref)
-        answered(ref, *args)
-
-    monkeypatch.setattr(laptop.proto, "outputs", spied)
-    monkeypatch.setattr(laptop.proto, "receive_response", receive_response)
+    laptop, phone, wire, index, notes = _pair(tmp_path, 3, large_notes)
+    spy = spy_attachments(monkeypatch, laptop)
     stream_id, epoch = phone.store.events.stream(ALICE.did)
     position = {cid: str(p) for p, cid in phone.store.events.read(ALICE.did, after=-1)}
     members = []
@@ -228,7 +214,7 @@ def test_members_whose_data_travels_out_of_line_are_fetched_ahead_in_order(
     assert ask(wire, laptop, "proposeChanges", props, listing) == []
     answer = ask(wire, laptop, "revs", props, {"revs": members})
     assert [r["kind"] for r in answer["results"]] == ["Applied"] * 5
-    assert fetched == [m["messageCid"] for m in members]
-    assert peak[0] >= 2  # ahead of their turns, not one at a time
+    assert [props["messageCid"] for props in spy.fetched] == [m["messageCid"] for m in members]
+    assert spy.peak >= 2  # ahead of their turns, not one at a time
     for message, data in notes:
         assert laptop.store.data.get(ALICE.did, message["recordId"], message["descriptor"]["dataCid"]) == data
