@@ -68,8 +68,10 @@ __all__ = [
     "archived_messages",
     "archived_record",
     "archived_without_data",
+    "AppendingRun",
     "Placement",
     "Process",
+    "RunAborted",
     "Footprint",
     "Verdict",
     "is_stateful",
@@ -639,8 +641,7 @@ class History:
         # names that row rather than copying its bytes.
         data_in = message["descriptor"]["dataCid"] if undo.startswith(_INSERTED_ROW_AND_DATA) else None
         self.store.conn.execute(
-            "INSERT INTO archive(tenant, sort_key, cid, stored_cid, record_id, initial, body, data, accepted, touch,"
-            " undo, data_in) VALUES(?,?,?,?,?,?,?,?,?,?,?,?)",
+            _INSERT_ARCHIVE_SQL,
             (
                 tid,
                 key,
@@ -659,6 +660,25 @@ class History:
         # A new row has no keys yet: its rowid is new, or was the last row's, whose keys went
         # with it (rows are only deleted with their keys).
         self._index(tid, self.store.conn.last_insert_rowid(), key, footprint, _record_id(message), new=True)
+
+    def appending_run(self, tenant: str, first_key: str) -> AppendingRun | None:
+        """A run of initial writes to append at the end of ``tenant``'s history, or None when
+        something archived sorts after ``first_key`` (then each goes through :meth:`place`).
+
+        What a pull in log order brings: one message after another, each its record's first.
+        ``with run:`` opens one folded scope for all of them (:meth:`Store.folded
+        <p2psync.dwn.store.Store.folded>`); :meth:`AppendingRun.append` processes each as
+        :meth:`place` would at the end, and the scope's end archives them all with one
+        statement, after one look at the set journal for all instead of one each. The caller
+        must hold the write transaction (the group commit's), so nothing sorts in between.
+        """
+        tid = self.store.tenant_id(tenant, create=False)
+        conn = self.store.conn
+        if tid is None or not conn.in_transaction:
+            return None
+        if conn.execute("SELECT 1 FROM archive WHERE tenant=? AND sort_key>? LIMIT 1", (tid, first_key)).fetchone():
+            return None
+        return AppendingRun(self, tenant, tid)
 
     def _index(
         self, tid: int, row_id: int, key: str, footprint: Footprint, record_id: str | None, *, new: bool = False
@@ -1084,6 +1104,111 @@ _OWN_ROWS_SQL: Final = "SELECT sort_key, id, touch FROM archive WHERE tenant=? A
 def _own_keys(record_id: str | None) -> tuple[str, ...]:
     """The footprint keys of a record's own messages that the archive's record index stands for."""
     return () if record_id is None else (f"rec:{record_id}", f"live:{record_id}")
+
+
+_INSERT_ARCHIVE_SQL: Final = (
+    "INSERT INTO archive(tenant, sort_key, cid, stored_cid, record_id, initial, body, data, accepted, touch,"
+    " undo, data_in) VALUES(?,?,?,?,?,?,?,?,?,?,?,?)"
+)
+
+
+class RunAborted(Exception):
+    """A message of an :class:`AppendingRun` did not change the store as an appended initial
+    write does: the run is rolled back whole, and its messages go through :meth:`History.place`."""
+
+
+class AppendingRun:
+    """Initial writes appended at the end of a tenant's history together (see
+    :meth:`History.appending_run`).
+
+    Each :meth:`append` is checked as :meth:`History._appended` checks one: the connection's
+    change count must show exactly one stored row and its log entry, and at the end the set
+    journal must show exactly one new row per message, in order, each the message's own.
+    Anything else raises :class:`RunAborted` out of ``with``, which has rolled everything back.
+    Every archive row is what :meth:`History._insert` would have written for the message at its
+    turn: the same columns, ids, footprint keys and cheap undo.
+    """
+
+    __slots__ = ("_archived", "_history", "_scope", "_seq", "_tid", "tenant")
+
+    def __init__(self, history: History, tenant: str, tid: int) -> None:
+        self._history = history
+        self.tenant = tenant
+        self._tid = tid
+        self._scope = history.store.folded()
+        self._seq = 0
+        # (message, data, cid, key, archived body, footprint) of each message appended, in order
+        self._archived: list[tuple[Message, bytes | None, str, str, str, Footprint]] = []
+
+    def __enter__(self) -> AppendingRun:
+        self._scope.__enter__()
+        self._seq = int(self._history.store.scalar("SELECT coalesce(max(seq), 0) FROM set_journal"))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is None:
+            try:
+                self._archive()
+            except BaseException as error:
+                self._scope.__exit__(type(error), error, error.__traceback__)
+                raise
+        self._scope.__exit__(*exc)
+
+    def append(
+        self, message: Message, data: bytes | None, cid: str, key: str
+    ) -> tuple[Reply, tuple[int, str, str]] | None:
+        """Process ``message`` (an initial write sorting after everything before it, with its
+        data inline or none) at the end: its reply and log entry (position, streamId, epoch)
+        when accepted; None when refused with nothing changed (the run ends before it)."""
+        store = self._history.store
+        conn, events = store.conn, store.events
+        changes, appends = conn.total_changes(), events.appends
+        reply = self._history._process(self.tenant, message, data, False)
+        changed = conn.total_changes() - changes
+        if reply.code not in (202, 204):
+            if changed:
+                raise RunAborted(f"{cid} was refused ({reply.code}) after changing the store")
+            return None
+        last = events._last
+        if (changed != _STORED_ONE_ROW or events.appends != appends + 1 or last is None
+                or last[0] != self._tid or last[1] != cid):
+            raise RunAborted(f"{cid} did not store exactly its own row and log entry")
+        # Its footprint now, while the engine call's memo still holds what the message decoded to.
+        footprint = self._history._footprint(self._tid, message, True)
+        self._archived.append((message, data, cid, key, archived_body(store, message), footprint))
+        return reply, (last[2], last[3], last[4])
+
+    def _archive(self) -> None:
+        if not self._archived:
+            return
+        tid = self._tid
+        store = self._history.store
+        conn = store.conn
+        journal = conn.execute(_JOURNALED_ROWS_SQL + " ORDER BY j.seq", (self._seq,)).fetchall()
+        if len(journal) != len(self._archived):
+            raise RunAborted(f"the set journal shows {len(journal)} rows for {len(self._archived)} messages")
+        base = int(store.scalar("SELECT coalesce(max(id), 0) FROM archive"))
+        rows: list[tuple[Any, ...]] = []
+        keys: list[tuple[int, str, str, int, int]] = []
+        for i, ((message, data, cid, key, body, footprint), (journaled_tid, journaled_cid, delta, stored, indexes)) in (
+            enumerate(zip(self._archived, journal, strict=True))
+        ):
+            if (journaled_tid, journaled_cid, delta) != (tid, cid, 1) or stored is None:
+                raise RunAborted(f"the set journal does not show {cid} stored")
+            record_id = _record_id(message)
+            row_id = base + 1 + i
+            kept = None if data is None else store.keep_data(data)
+            undo = _INSERTED_ROW + _row_digest(stored, indexes)
+            rows.append((row_id, tid, key, cid, cid, record_id, 1, body, kept, 1, footprint.text(), undo, None))
+            own = _own_keys(record_id)
+            keys.extend((tid, k, key, row_id, int(k in footprint.writes)) for k in footprint.reads if k not in own)
+        conn.executemany(
+            "INSERT INTO archive(id, tenant, sort_key, cid, stored_cid, record_id, initial, body, data, accepted,"
+            " touch, undo, data_in) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            rows,
+        )
+        if keys:
+            conn.executemany("INSERT INTO archive_keys(tenant, key, sort_key, row, writes) VALUES(?,?,?,?,?)", keys)
 
 
 # The set-journal rows after a seq, each with the stored row it names (if still stored): what

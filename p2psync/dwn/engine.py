@@ -7,7 +7,7 @@ message's ``interface``/``method`` (400), its JSON schema (400), then the method
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +106,17 @@ class Dwn:
         """
         return replicated.apply_replicated_message(self, tenant, in_dag_cbor_order(message), data, cid=cid,
                                                    encoded=encoded)
+
+    def apply_replicated_run(
+        self, tenant: str, entries: Sequence[replicated.RunEntry]
+    ) -> list[ReplicationApplyResult]:
+        """Apply the leading run of initial writes of ``entries`` together, inside the caller's
+        write transaction; see :func:`p2psync.dwn.replicated.apply_replicated_run`."""
+        ordered = []
+        for entry in entries:
+            message = in_dag_cbor_order(entry.message)
+            ordered.append(entry if message is entry.message else entry._replace(message=message))
+        return replicated.apply_replicated_run(self, tenant, ordered)
 
     def process_message(self, tenant: str, message: Any, data: bytes | None = None) -> Reply:
         """Process one message (with its data for a RecordsWrite) and answer like the reference.

@@ -30,16 +30,28 @@ why it stands for a missing dependency only when the dependency is really absent
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import typing
+from collections.abc import Sequence
 from typing import Any, Final
 
 import apsw
 
-from p2psync.dwn import memo, permissions
+from p2psync.dwn import datacid, memo, permissions
 from p2psync.dwn.authentication import authenticate
-from p2psync.dwn.canonical import History, Placement, Verdict, archived_record, is_stateful, signature_payload
+from p2psync.dwn.canonical import (
+    AppendingRun,
+    History,
+    Placement,
+    RunAborted,
+    Verdict,
+    archived_record,
+    is_stateful,
+    signature_payload,
+    sort_key,
+)
 from p2psync.dwn.datacid import data_cid as compute_data_cid
 from p2psync.dwn.encoding import message_cid
 from p2psync.dwn.errors import DwnError
@@ -70,8 +82,12 @@ from p2psync.dwn.reply import Reply
 from p2psync.dwn.store import Store
 
 __all__ = [
+    "MAX_RUN",
+    "MIN_RUN",
     "MessageProcessor",
+    "RunEntry",
     "apply_replicated_message",
+    "apply_replicated_run",
     "apply_replicated_message_json",
     "dependency_refs",
     "error_code",
@@ -204,6 +220,131 @@ def _apply(
     except Exception:  # a bug here must not take a sync session down; the message stays pending
         log.exception("internal error while applying replicated message %s", cid)
         return Deferred("storage")
+
+
+class RunEntry(typing.NamedTuple):
+    """One message of :func:`apply_replicated_run`, as :func:`apply_replicated_message` takes it:
+    its CID computed by the caller from this very object, the DAG-CBOR it hashed (if at hand),
+    and the CID of ``data`` when the caller hashed that very object."""
+
+    message: Any
+    data: bytes | None
+    cid: str
+    encoded: bytes | None = None
+    data_cid: str | None = None
+
+
+#: Fewest messages a run is tried for: one alone gains nothing over :func:`apply_replicated_message`.
+MIN_RUN: Final = 2
+#: Most messages a run takes: its duplicate lookup binds two parameters a message, well under
+#: SQLite's oldest default limit of 999; a sink's batch is a `revs` or a listing (≤ 256).
+MAX_RUN: Final = 256
+
+
+def apply_replicated_run(
+    dwn: MessageProcessor, tenant: str, entries: Sequence[RunEntry]
+) -> list[ReplicationApplyResult]:
+    """Apply the leading run of ``entries`` that a pull in log order brings — initial
+    RecordsWrites of new records, each sorting after the one before it and after everything
+    here, their data inline or none — together (issue #17's batched apply): one folded
+    savepoint, one look for duplicates, one at the set journal, one statement for their archive
+    rows. Each is checked, processed and answered exactly as :func:`apply_replicated_message`
+    would at its turn, so each result is ``Applied``; the run ends before the first entry that is
+    anything else, and the caller applies that one alone. Returns the run's results, possibly
+    none (a run that did not store exactly what it should is rolled back whole and returns none).
+    Inside the caller's write transaction (the group commit's), never beside it.
+    """
+    run = _run_candidates(entries)
+    if len(run) < MIN_RUN or not isinstance(tenant, str) or not tenant or not _tenant_active(dwn, tenant):
+        return []
+    held = _held(dwn.store, tenant, [entry.cid for entry in run])
+    if held:
+        run = run[: next(i for i, entry in enumerate(run) if entry.cid in held)]
+        if len(run) < MIN_RUN:
+            return []
+    appending = dwn.history.appending_run(tenant, sort_key(run[0].message, run[0].cid))
+    if appending is None:
+        return []
+    results: list[ReplicationApplyResult] = []
+    try:
+        with appending:
+            for entry in run:
+                result = _append_to_run(dwn, appending, entry)
+                if result is None:
+                    break
+                results.append(result)
+    except RunAborted as exc:
+        log.info("a run of %d replicated writes is applied one by one instead: %s", len(run), exc)
+        return []
+    except Exception:  # a storage error or a bug: each message alone reports what it meets
+        log.exception("a run of %d replicated writes failed; applying them one by one", len(run))
+        return []
+    return results
+
+
+def _run_candidates(entries: Sequence[RunEntry]) -> list[RunEntry]:
+    """The leading entries that may form a run, by what a look at each tells (its descriptor is
+    a RecordsWrite's, dated as an initial write is, in increasing canonical order); whether each
+    really is its record's initial write is checked when it is processed."""
+    out: list[RunEntry] = []
+    previous, seen = "", set()
+    for entry in entries[:MAX_RUN]:
+        message, data, cid = entry.message, entry.data, entry.cid
+        if type(message) is not dict or "encodedData" in message or not cid or cid in seen:
+            break
+        d = message.get("descriptor")
+        if type(d) is not dict or d.get("interface") != "Records" or d.get("method") != "Write":
+            break
+        size, timestamp = d.get("dataSize"), d.get("messageTimestamp")
+        # A 0-byte record is stored under another CID, and larger data out of line: alone.
+        if type(size) is not int or size <= 0 or (data is not None and size > MAX_DATA_SIZE_ENCODED):
+            break
+        # The reference dates an initial write at its creation; an update is dated later.
+        if type(timestamp) is not str or d.get("dateCreated") != timestamp or cid.startswith("uncomputable:"):
+            break
+        key = f"{timestamp} {cid}"
+        if key <= previous:
+            break
+        out.append(entry)
+        seen.add(cid)
+        previous = key
+    return out
+
+
+def _held(store: Store, tenant: str, cids: list[str]) -> set[str]:
+    """Those of ``cids`` archived or stored here (the dedup of :func:`_apply`, for many)."""
+    tid = store.tenant_id(tenant, create=False)
+    if tid is None:
+        return set()
+    marks = ",".join("?" * len(cids))
+    rows = store.conn.execute(
+        f"SELECT cid FROM archive WHERE tenant=? AND cid IN ({marks})"
+        f" UNION ALL SELECT cid FROM messages WHERE tenant=? AND cid IN ({marks})",
+        (tid, *cids, tid, *cids),
+    ).fetchall()
+    return {str(cid) for (cid,) in rows}
+
+
+def _append_to_run(dwn: MessageProcessor, appending: AppendingRun, entry: RunEntry) -> ReplicationApplyResult | None:
+    message, data, cid = entry.message, entry.data, entry.cid
+    known = entry.data_cid
+    facts = datacid.known(data, known) if known is not None and type(data) is bytes else _NOTHING_KNOWN
+    with memo.processing(message, cid) as held, facts:
+        if entry.encoded is not None and held.encoded is None and held.cid == cid:
+            held.encoded = entry.encoded
+        # What _apply checks before placing a message, in its order.
+        if _bad_data(message, data) is not None or dwn.validate_message_integrity(message) is not None:
+            return None
+        if not is_initial_write(message):
+            return None
+        answer = appending.append(message, data, cid, sort_key(message, cid))
+    if answer is None:
+        return None
+    reply, (position, stream_id, epoch) = answer
+    return Applied(ancestry_only=reply.code == 204, position=ProgressToken(stream_id, epoch, position, cid))
+
+
+_NOTHING_KNOWN: Final = contextlib.nullcontext()
 
 
 def apply_replicated_message_json(

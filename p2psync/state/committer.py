@@ -99,11 +99,12 @@ class GroupCommitter:
     def in_batch(self) -> bool:
         return self._batch is not None
 
-    def run(self, fn: Callable[[], T], *, size: int = 0) -> tuple[T, _Batch]:
+    def run(self, fn: Callable[[], T], *, size: int = 0, writes: Callable[[T], int] | None = None) -> tuple[T, _Batch]:
         """Run the synchronous write ``fn`` inside the open batch (opening one); returns its
         result and the batch to pass to :meth:`durable`. ``fn``'s exceptions propagate; its
         own nested savepoints decide what of it is undone. ``size``: the bytes of record data
-        it writes (counted against ``max_bytes``)."""
+        it writes (counted against ``max_bytes``); ``writes``: how many writes its result
+        stands for (one when not given), counted against ``max_writes``."""
         batch = self._batch
         if batch is None:
             self._numbers += 1
@@ -112,7 +113,7 @@ class GroupCommitter:
             # instead of failing this batch at COMMIT.
             self.store.conn.execute("BEGIN IMMEDIATE")
         result = fn()
-        batch.writes += 1
+        batch.writes += 1 if writes is None else writes(result)
         batch.bytes += size
         if batch.writes >= self.max_writes or batch.bytes >= self.max_bytes:
             self._commit(batch)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from collections.abc import Sequence
 from typing import Any, Final
 
 from p2psync.dwn.encoding import dag_cbor_encode, json_compact
@@ -159,6 +160,15 @@ class Origins:
             "INSERT OR IGNORE INTO peer_arrivals(archive_row, cid, store_id)"
             " SELECT id, cid, ? FROM archive WHERE tenant=? AND cid=?",
             (origin_store_id, self.store.tenant_id(tenant), cid),
+        )
+
+    def record_many(self, tenant: str, cids: Sequence[str], origin_store_id: str) -> None:
+        """:meth:`record` of each of ``cids``, in one statement."""
+        tid = self.store.tenant_id(tenant)
+        self.store.conn.executemany(
+            "INSERT OR IGNORE INTO peer_arrivals(archive_row, cid, store_id)"
+            " SELECT id, cid, ? FROM archive WHERE tenant=? AND cid=?",
+            [(origin_store_id, tid, cid) for cid in cids],
         )
 
     def from_store(self, tenant: str, cids: list[str], origin_store_id: str) -> set[str]:
