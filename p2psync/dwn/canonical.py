@@ -350,6 +350,8 @@ class History:
         self.warps = 0  # warps done since this object was made (for tests and metrics)
         self.fallbacks = 0  # scoped warps that had to process everything after all
         self.replayed = 0  # messages processed again by them
+        self.run_applied = 0  # messages admitted in runs (AppendingRun), and runs rolled back
+        self.run_aborts = 0
 
     # -- lookups ---------------------------------------------------------------------------
 
@@ -1150,8 +1152,13 @@ class AppendingRun:
             try:
                 self._archive()
             except BaseException as error:
+                self._history.run_aborts += 1
                 self._scope.__exit__(type(error), error, error.__traceback__)
                 raise
+            self._scope.__exit__(*exc)
+            self._history.run_applied += len(self._archived)
+            return
+        self._history.run_aborts += 1
         self._scope.__exit__(*exc)
 
     def append(

@@ -13,6 +13,7 @@ from p2psync.dwn.did import Identity
 from p2psync.dwn.engine import Dwn
 from p2psync.dwn.records_write import RecordsWrite
 from p2psync.dwn.store import Store
+from p2psync.dwn.timeutil import add_seconds
 from p2psync.peer.peer import Peer
 from p2psync.peer.session import HelloFailed
 from p2psync.replication.hello import (
@@ -156,3 +157,35 @@ async def test_hello_fails_against_forging_server(tmp_path: Path) -> None:
         with pytest.raises(HelloFailed):
             await client.sync(f"ws://127.0.0.1:{server.port}/_p2psync", tenant=alice.did)
         nursery.cancel_scope.cancel()
+
+
+def _notes(dwn: Dwn, tenant: str, signer: Identity, n: int, first: str) -> None:
+    now = first
+    for i in range(n):
+        now = add_seconds(now, 1)
+        data = f"note {i} ".encode() * 20
+        write = RecordsWrite.create(signer=signer, data=data, schema="https://p2psync.example/note",
+                                    data_format="text/plain", message_timestamp=now, date_created=now)
+        assert dwn.process_message(tenant, write.message, data).code == 202
+
+
+@pytest.mark.parametrize("direction", ["pull", "push"])
+async def test_a_catch_up_in_log_order_is_applied_in_runs(tmp_path: Path, direction: str) -> None:
+    """Issue #17: a replica catching up applies the initial writes of a `revs` together
+    (Dwn.apply_replicated_run), pulling and being pushed to alike, and ends as the source is."""
+    src, tenant = _source(tmp_path)
+    alice = chat_world().alice
+    _notes(Dwn(src), tenant, alice, 300, "2031-01-01T00:00:00.000000Z")
+    dst = Store(tmp_path / "b.db")
+    server_peer = Peer(src if direction == "pull" else dst, alice)
+    client = Peer(dst if direction == "pull" else src, alice)
+    receiver = server_peer if direction == "push" else client
+    async with trio.open_nursery() as nursery:
+        server = await nursery.start(server_peer.serve, "127.0.0.1", 0)
+        await client.sync(f"ws://127.0.0.1:{server.port}/_p2psync", tenant=tenant, direction=direction)
+        nursery.cancel_scope.cancel()
+    a, b = snapshot(src, tenant), snapshot(dst, tenant)
+    assert a.messages == b.messages and a.data == b.data and a.events == b.events
+    history = receiver.dwn.history
+    assert history.run_applied >= 250 and history.run_aborts == 0
+    assert history.verify(tenant) == {"missing": [], "extra": [], "changed": [], "data": []}
