@@ -17,16 +17,24 @@ verify's CPU from the engine's own thread and add the GIL's hand-overs.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import pickle
 import queue
+import select
+import struct
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any, Final
 
 from p2psync.dwn.authentication import verify_ahead
-from p2psync.dwn.ed25519 import AHEAD
+from p2psync.dwn.ed25519 import AHEAD, Outcome, outcome
+from p2psync.dwn.jws import signed_entry
 
-__all__ = ["IDLE_SECONDS", "MAX_PENDING", "SignatureWorker", "second_core"]
+__all__ = ["IDLE_SECONDS", "MAX_PENDING", "SignatureProcess", "SignatureWorker", "second_core", "signature_entries"]
 
 #: Seconds the worker waits for another batch before its thread ends. Ours: longer than a
 #: sink's pause between `revs` under load, short enough that a finished sync leaves no thread.
@@ -107,3 +115,206 @@ class SignatureWorker:
                     self.verified += len(batch)
                     if not self._pending:
                         self._idle.set()
+
+
+# -- a worker process ------------------------------------------------------------------------
+
+#: Seconds a worker process waits for another batch before it exits. Longer than the thread's:
+#: a process costs a new interpreter importing the verifier to start (~0.3 s here). Ours.
+PROCESS_IDLE_SECONDS: Final = 10.0
+#: Messages a worker process verifies before it sends their acceptances back, so the engine
+#: finds the first of a batch before the whole batch is done. Ours.
+PROCESS_CHUNK: Final = 8
+_FRAME: Final = struct.Struct(">I")
+
+
+def signature_entries(message: Any) -> list[tuple[str, str, str]]:
+    """(protected, payload, signature) of each signature :func:`p2psync.dwn.authentication.
+    authenticate` verifies for ``message`` (what :func:`verify_ahead` reads); unreadable parts
+    are left out, for the engine to judge."""
+    authorization = message.get("authorization") if isinstance(message, dict) else None
+    if not isinstance(authorization, dict):
+        return []
+    jwses = [authorization.get("signature"), authorization.get("ownerSignature")]
+    for key in ("authorDelegatedGrant", "ownerDelegatedGrant"):
+        grant = authorization.get(key)
+        inner = grant.get("authorization") if isinstance(grant, dict) else None
+        if isinstance(inner, dict):
+            jwses.append(inner.get("signature"))
+    out = []
+    for jws_ in jwses:
+        if not isinstance(jws_, dict) or not isinstance(jws_.get("payload"), str):
+            continue
+        entries = jws_.get("signatures")
+        for entry in entries if isinstance(entries, list) else ():
+            if isinstance(entry, dict):
+                protected, signature = entry.get("protected"), entry.get("signature")
+                if isinstance(protected, str) and isinstance(signature, str):
+                    out.append((protected, jws_["payload"], signature))
+    return out
+
+
+class SignatureProcess:
+    """:class:`SignatureWorker`'s job in a worker process of its own: no GIL shared with the
+    engine, so the verifies (and reading their keys and signing inputs) leave the engine's core.
+
+    :meth:`submit` sends each message's signature entries (three strings each) down a pipe; the
+    worker (``python -m p2psync.dwn.ahead``) runs :func:`p2psync.dwn.ed25519.outcome` on exactly
+    the bytes the engine would verify and sends back the acceptances, ``PROCESS_CHUNK`` messages
+    at a time; a reader thread hands them to :data:`p2psync.dwn.ed25519.AHEAD`, where the engine
+    takes each once for exactly its bytes and verifies anything else itself. The worker starts
+    with the first batch and exits after ``idle`` seconds without one (or when this process
+    ends: its pipe closes); a batch lost with it is only verified inline. :attr:`worker_cpu`
+    counts the CPU seconds the workers spent, for figures that must include them.
+    """
+
+    def __init__(self, *, idle: float = PROCESS_IDLE_SECONDS, max_pending: int = MAX_PENDING,
+                 chunk: int = PROCESS_CHUNK) -> None:
+        self.idle = idle
+        self.max_pending = max_pending
+        self.chunk = chunk
+        self._lock = threading.Lock()
+        self._process: subprocess.Popen[bytes] | None = None
+        self._pending = 0  # messages sent to the running worker and not answered yet
+        self._idle = threading.Event()
+        self._idle.set()
+        self._ended_cpu = 0.0  # CPU seconds of workers that exited
+        self._running_cpu = 0.0  # the running worker's, as it last reported
+        #: messages verified by a worker; messages not sent (too many queued, or the worker gone)
+        self.verified = 0
+        self.skipped = 0
+        #: workers started so far
+        self.started = 0
+
+    @property
+    def worker_cpu(self) -> float:
+        """CPU seconds spent by this object's worker processes so far (the running one's as of
+        its last answer)."""
+        with self._lock:
+            return self._ended_cpu + self._running_cpu
+
+    def submit(self, messages: Sequence[Any]) -> bool:
+        """Send ``messages`` (decoded DWN messages) to have their signatures verified ahead;
+        False when they were not sent (the engine then verifies them itself)."""
+        n = len(messages)
+        if not n:
+            return True
+        frame = pickle.dumps([signature_entries(m) for m in messages], protocol=pickle.HIGHEST_PROTOCOL)
+        with self._lock:
+            if self._pending + n > self.max_pending:
+                self.skipped += n
+                return False
+            process = self._process if self._process is not None else self._start()
+            self._pending += n
+            AHEAD.expect(n)
+            self._idle.clear()
+        try:
+            assert process.stdin is not None
+            process.stdin.write(_FRAME.pack(len(frame)) + frame)
+            process.stdin.flush()
+        except (OSError, ValueError):  # the worker is gone: its reader gives back what was pending
+            with self._lock:
+                self.skipped += n
+            return False
+        return True
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Until every batch sent is answered (tests); False on timeout."""
+        return self._idle.wait(timeout)
+
+    def close(self) -> None:
+        """End the worker, if one runs (its pending batches are verified inline)."""
+        with self._lock:
+            process = self._process
+        if process is not None and process.stdin is not None:
+            with contextlib.suppress(OSError):
+                process.stdin.close()
+            process.wait()
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        # Under the lock. Its own interpreter, not a fork of this one (whose threads and event
+        # loop a fork would copy mid-flight), not multiprocessing's spawn (which would import this
+        # program's __main__ again).
+        process = subprocess.Popen(
+            [sys.executable, "-m", "p2psync.dwn.ahead", str(self.idle), str(self.chunk)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0,
+        )
+        self._process = process
+        self._running_cpu = 0.0
+        self.started += 1
+        threading.Thread(target=self._read, args=(process,), name="p2psync-verify-reader", daemon=True).start()
+        return process
+
+    def _read(self, process: subprocess.Popen[bytes]) -> None:
+        stdout = process.stdout
+        assert stdout is not None
+        try:
+            while True:
+                answer = _read_frame(stdout)
+                if answer is None:
+                    break
+                count, found, cpu = answer
+                AHEAD.accept(found)
+                AHEAD.expect(-count)
+                with self._lock:
+                    self._pending -= count
+                    self.verified += count
+                    self._running_cpu = cpu
+                    if not self._pending:
+                        self._idle.set()
+        finally:
+            process.wait()
+            with self._lock:
+                lost, self._pending = self._pending, 0
+                self._ended_cpu += self._running_cpu
+                self._running_cpu = 0.0
+                if self._process is process:
+                    self._process = None
+                self._idle.set()
+            AHEAD.expect(-lost)
+            with contextlib.suppress(OSError):
+                stdout.close()
+                if process.stdin is not None:
+                    process.stdin.close()
+
+
+def _read_frame(stream: Any) -> Any:
+    """One length-prefixed pickle from ``stream``; None at its end."""
+    head = stream.read(_FRAME.size)
+    if len(head) < _FRAME.size:
+        return None
+    (size,) = _FRAME.unpack(head)
+    body = b""
+    while len(body) < size:
+        more = stream.read(size - len(body))
+        if not more:
+            return None
+        body += more
+    return pickle.loads(body)
+
+
+def _serve(idle: float, chunk: int) -> None:
+    """The worker process: verify each batch from stdin, send acceptances to stdout."""
+    requests, answers = sys.stdin.buffer, sys.stdout.buffer
+    while select.select([requests], [], [], idle)[0]:
+        batch = _read_frame(requests)
+        if batch is None:
+            return
+        for start in range(0, len(batch), chunk):
+            part = batch[start : start + chunk]
+            found = []
+            for entries in part:
+                for protected, payload, signature in entries:
+                    try:
+                        _, key, signature_bytes, signing_input = signed_entry(protected, payload, signature)
+                    except Exception:  # the engine judges whatever cannot be read
+                        continue
+                    if outcome(key, signature_bytes, signing_input)[0] is Outcome.ACCEPT:
+                        found.append((key, signature_bytes, signing_input))
+            frame = pickle.dumps((len(part), found, time.process_time()), protocol=pickle.HIGHEST_PROTOCOL)
+            answers.write(_FRAME.pack(len(frame)) + frame)
+            answers.flush()
+
+
+if __name__ == "__main__":
+    _serve(float(sys.argv[1]), int(sys.argv[2]))

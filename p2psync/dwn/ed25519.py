@@ -46,6 +46,7 @@ import enum
 import functools
 import hashlib
 import threading
+from collections.abc import Sequence
 from typing import Final
 
 import nacl.bindings
@@ -286,6 +287,19 @@ class Ahead:
                 self.kept += 1
                 self.dropped += _bound(self._accepted, self.capacity)
         return verdict
+
+    def accept(self, found: Sequence[tuple[bytes, bytes, bytes]]) -> None:
+        """Keep acceptances :func:`outcome` reached for these exact bytes elsewhere (a worker
+        process running this very function, :class:`p2psync.dwn.ahead.SignatureProcess`); those
+        the engine verified first are only counted late."""
+        with self._lock:
+            for key in found:
+                if self._inline.pop(key, True) is None:
+                    self.late += 1
+                    continue
+                self._accepted[key] = None
+                self.kept += 1
+            self.dropped += _bound(self._accepted, self.capacity)
 
     def take(self, public_key: bytes, signature: bytes, message: bytes) -> bool:
         """Whether an acceptance of exactly these bytes was kept (it is used up). When none

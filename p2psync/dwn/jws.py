@@ -95,6 +95,13 @@ def _signed(protected: str, payload: str, signature: str) -> tuple[str, bytes, b
     return did, key, signature_bytes, f"{protected}.{payload}".encode()
 
 
+def signed_entry(protected: str, payload: str, signature: str) -> tuple[str, bytes, bytes, bytes]:
+    """What one signature entry asks to verify: (signer DID, key, signature, signing input);
+    :class:`~p2psync.dwn.errors.DwnError` (401) when it cannot be read. What a worker process
+    verifying ahead computes, exactly as the engine will (p2psync/dwn/ahead.py)."""
+    return _signed(protected, payload, signature)
+
+
 @functools.lru_cache(maxsize=65536)
 def _verify_entry(protected: str, payload: str, signature: str) -> str:
     did, key, signature_bytes, signing_input = _signed(protected, payload, signature)

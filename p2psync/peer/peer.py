@@ -29,7 +29,7 @@ import trio
 
 from p2psync import blip, errors
 from p2psync.blip.tls import TlsCertificate, channel_binding
-from p2psync.dwn.ahead import SignatureWorker, second_core
+from p2psync.dwn.ahead import SignatureProcess, SignatureWorker, second_core
 from p2psync.dwn.did import Identity
 from p2psync.dwn.engine import Dwn
 from p2psync.dwn.store import Store
@@ -117,7 +117,7 @@ class Peer:
         quotas: QuotaPolicy | None = None,
         rng: random.Random | None = None,
         tls: TlsCertificate | None = None,
-        verify_ahead: bool | None = None,
+        verify_ahead: bool | str | None = None,
     ) -> None:
         self.store = store
         self.tls = tls
@@ -137,9 +137,13 @@ class Peer:
         #: on a quiet two-core machine a 100,000-message pull took ~100 us more CPU a message
         #: with it and was no faster, the late part slower (the GIL's hand-overs grow with the
         #: SQLite calls that release it; docs/benchmarks.md, "Issue #17 at the end of 2026-11-25").
+        # ``"process"`` (P2PSYNC_VERIFY_AHEAD=process): in a worker process instead of a thread.
         if verify_ahead is None:
-            verify_ahead = os.environ.get("P2PSYNC_VERIFY_AHEAD") == "1"
-        self.ahead = SignatureWorker() if verify_ahead and second_core() else None
+            asked = os.environ.get("P2PSYNC_VERIFY_AHEAD", "")
+            verify_ahead = "process" if asked == "process" else asked == "1"
+        self.ahead: SignatureWorker | SignatureProcess | None = None
+        if verify_ahead and second_core():
+            self.ahead = SignatureProcess() if verify_ahead == "process" else SignatureWorker()
         self.service = StoreService(store, dwn=self.dwn, ledger=self.ledger, copies=self.copies,
                                     committer=self.committer, authorizer=self.authorizer, quotas=self.quotas,
                                     ahead=self.ahead)

@@ -24,7 +24,7 @@ from typing import Any, Final
 import apsw
 
 from p2psync.dwn import datacid
-from p2psync.dwn.ahead import SignatureWorker
+from p2psync.dwn.ahead import SignatureProcess, SignatureWorker
 from p2psync.dwn.canonical import archived_without_data
 from p2psync.dwn.encoding import message_cid
 from p2psync.dwn.engine import Dwn
@@ -79,7 +79,7 @@ class StoreService:
         committer: GroupCommitter,
         authorizer: Any = None,
         quotas: Quotas | None = None,
-        ahead: SignatureWorker | None = None,
+        ahead: SignatureWorker | SignatureProcess | None = None,
     ) -> None:
         self.store = store
         #: verifies received messages' signatures on another core (None: the engine alone does)

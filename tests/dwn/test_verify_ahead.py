@@ -8,13 +8,14 @@ another signature) is verified inline as before.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from p2psync.dwn import authentication, ed25519, jws
-from p2psync.dwn.ahead import SignatureWorker
+from p2psync.dwn.ahead import SignatureProcess, SignatureWorker
 from p2psync.dwn.encoding import b64url_decode, b64url_encode
 from p2psync.dwn.engine import Dwn
 from p2psync.dwn.errors import DwnError
@@ -176,3 +177,76 @@ def _wait_for_no_worker_thread() -> None:
     for thread in threading.enumerate():
         if thread.name == "p2psync-verify-ahead":
             thread.join(30)
+
+
+def test_a_worker_process_keeps_exactly_what_the_engine_would_accept(tmp_path: Any) -> None:
+    """The process runs the engine's own verify on the engine's own bytes: a genuine message is
+    taken, its forged twins (a flipped signature bit, the signature under another key's header)
+    are refused by the engine however their genuine twin was found ahead."""
+    clock = Clock()
+    genuine = [_write(i, clock) for i in range(5)]
+    twin, twin_data = _write(5, clock)
+    jws_ = twin["authorization"]["signature"]
+    entry = jws_["signatures"][0]
+    signature = b64url_decode(entry["signature"])
+    flipped_text = b64url_encode(signature[:-1] + bytes([signature[-1] ^ 1]))
+    bob_header = jws.sign_payload({"x": 1}, BOB)["signatures"][0]["protected"]
+    flipped = {**jws_, "signatures": [{**entry, "signature": flipped_text}]}
+    as_bob = {**jws_, "signatures": [{**entry, "protected": bob_header}]}
+    forged = [_with_signature(twin, flipped), _with_signature(twin, as_bob)]
+    worker = SignatureProcess(idle=5)
+    try:
+        assert worker.submit([m for m, _ in genuine] + [twin] + forged)
+        assert worker.wait_idle(60)
+        assert worker.verified == 8 and ed25519.AHEAD.kept == 6  # the forged ones are not kept
+        dwn = Dwn(Store(tmp_path / "s.db"))
+        for message, data in genuine:
+            assert dwn.apply_replicated_message(ALICE.did, message, data).kind == "Applied"
+        assert ed25519.AHEAD.taken == 5
+        for message in forged:
+            assert dwn.apply_replicated_message(ALICE.did, message, twin_data).kind == "Invalid"
+        assert dwn.apply_replicated_message(ALICE.did, twin, twin_data).kind == "Applied"
+        assert ed25519.AHEAD.taken == 6
+        dwn.close()
+    finally:
+        worker.close()
+    assert worker.worker_cpu > 0
+
+
+def test_a_worker_process_ends_when_idle_and_starts_again() -> None:
+    clock = Clock()
+    worker = SignatureProcess(idle=0.2)
+    try:
+        assert worker.submit([_write(0, clock)[0], {}, {"authorization": "x"}]) and worker.wait_idle(60)
+        assert worker.verified == 3 and ed25519.AHEAD.kept == 1
+        for _ in range(300):  # the worker exits after 0.2 s without a batch
+            if worker._process is None:
+                break
+            time.sleep(0.05)
+        assert worker._process is None and ed25519.AHEAD.pending == 0
+        assert worker.submit([_write(1, clock)[0]]) and worker.wait_idle(60)
+        assert worker.started == 2 and ed25519.AHEAD.kept == 2
+    finally:
+        worker.close()
+
+
+def test_a_worker_process_that_dies_gives_back_what_it_had(tmp_path: Any) -> None:
+    """A batch lost with its worker is verified inline; nothing waits for it."""
+    clock = Clock()
+    worker = SignatureProcess(idle=30)
+    messages = [_write(i, clock) for i in range(3)]
+    assert worker.submit([messages[0][0]]) and worker.wait_idle(60)
+    process = worker._process
+    assert process is not None
+    process.kill()
+    process.wait()
+    worker.submit([m for m, _ in messages[1:]])  # sent to a dead worker, or refused: either way inline
+    for _ in range(300):
+        if ed25519.AHEAD.pending == 0 and worker._process is None:
+            break
+        time.sleep(0.05)
+    assert ed25519.AHEAD.pending == 0
+    dwn = Dwn(Store(tmp_path / "s.db"))
+    assert [dwn.apply_replicated_message(ALICE.did, m, d).kind for m, d in messages] == ["Applied"] * 3
+    dwn.close()
+    worker.close()

@@ -17,7 +17,7 @@ import trio
 
 from p2psync import blip
 from p2psync.dwn import authentication, ed25519, jws
-from p2psync.dwn.ahead import SignatureWorker
+from p2psync.dwn.ahead import SignatureProcess, SignatureWorker
 from p2psync.dwn.encoding import b64url_decode, b64url_encode
 from p2psync.dwn.store import Store
 from p2psync.peer import peer as peer_module
@@ -53,7 +53,7 @@ def empty_memo() -> Iterator[None]:
     ed25519.AHEAD.clear()
 
 
-@pytest.mark.parametrize("worker", ["thread", "always-ahead", "none"])
+@pytest.mark.parametrize("worker", ["thread", "process", "always-ahead", "none"])
 async def test_a_pull_ends_the_same_with_signatures_verified_ahead_or_inline(tmp_path: Path, worker: str) -> None:
     source = new_store(tmp_path, "source")
     write_notes(source, ALICE, NOTES, clock=Clock())
@@ -63,7 +63,8 @@ async def test_a_pull_ends_the_same_with_signatures_verified_ahead_or_inline(tmp
     ed25519.AHEAD.clear()
     sink = new_store(tmp_path, "sink")
     puller = Peer(sink, ALICE)
-    ahead: Any = {"thread": SignatureWorker(), "always-ahead": AlwaysAhead(), "none": None}[worker]
+    ahead: Any = {"thread": SignatureWorker, "process": SignatureProcess, "always-ahead": AlwaysAhead,
+                  "none": lambda: None}[worker]()
     puller.service.ahead = ahead
     async with served(Peer(source, ALICE)) as url:
         summary = await puller.sync(url, tenant=ALICE.did, direction="pull")
@@ -71,9 +72,12 @@ async def test_a_pull_ends_the_same_with_signatures_verified_ahead_or_inline(tmp
     memo = ed25519.AHEAD
     # The engine asked once a message (and once each hello proof: the two peers share the memo).
     assert memo.taken + memo.missed == NOTES + 2
-    if worker == "thread":
+    if worker in ("thread", "process"):
         assert ahead.wait_idle(30)
         assert ahead.verified == NOTES and memo.kept + memo.late == NOTES
+        if worker == "process":
+            ahead.close()
+            assert ahead.worker_cpu > 0
     elif worker == "always-ahead":
         assert ahead.verified == NOTES and memo.taken == NOTES  # none verified twice
     else:
@@ -156,5 +160,8 @@ def test_the_worker_is_off_unless_asked_for(tmp_path: Path, monkeypatch: pytest.
     assert isinstance(Peer(new_store(tmp_path, "b"), ALICE, verify_ahead=True).ahead, SignatureWorker)
     monkeypatch.setenv("P2PSYNC_VERIFY_AHEAD", "1")
     assert isinstance(Peer(new_store(tmp_path, "c"), ALICE).ahead, SignatureWorker)
+    monkeypatch.setenv("P2PSYNC_VERIFY_AHEAD", "process")
+    assert isinstance(Peer(new_store(tmp_path, "e"), ALICE).ahead, SignatureProcess)
+    assert isinstance(Peer(new_store(tmp_path, "f"), ALICE, verify_ahead="process").ahead, SignatureProcess)
     monkeypatch.setattr(peer_module, "second_core", lambda: False)
     assert Peer(new_store(tmp_path, "d"), ALICE, verify_ahead=True).ahead is None
