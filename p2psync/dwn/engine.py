@@ -113,7 +113,7 @@ class Dwn:
         """Apply the leading run of initial writes of ``entries`` together, inside the caller's
         write transaction; see :func:`p2psync.dwn.replicated.apply_replicated_run`."""
         ordered = []
-        for entry in entries:
+        for entry in entries[: replicated.MAX_RUN]:  # a run takes no more
             message = in_dag_cbor_order(entry.message)
             ordered.append(entry if message is entry.message else entry._replace(message=message))
         return replicated.apply_replicated_run(self, tenant, ordered)

@@ -31,6 +31,7 @@ why it stands for a missing dependency only when the dependency is really absent
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import re
 import typing
@@ -236,9 +237,11 @@ class RunEntry(typing.NamedTuple):
 
 #: Fewest messages a run is tried for: one alone gains nothing over :func:`apply_replicated_message`.
 MIN_RUN: Final = 2
-#: Most messages a run takes: its duplicate lookup binds two parameters a message, well under
-#: SQLite's oldest default limit of 999; a sink's batch is a `revs` or a listing (≤ 256).
-MAX_RUN: Final = 256
+#: Most messages a run takes. Its one savepoint keeps, in memory, the first image of every page
+#: the run changes (~8 a message, on random-key indexes): 64 a run made the puller's peak RSS
+#: ~4 MB higher at 100,000 stored, 16 keeps it within ~1 MB of a savepoint a message; a run's
+#: own statements (~8) are still half a statement a message. Ours, measured (docs/benchmarks.md).
+MAX_RUN: Final = 16
 
 
 def apply_replicated_run(
@@ -316,13 +319,17 @@ def _held(store: Store, tenant: str, cids: list[str]) -> set[str]:
     tid = store.tenant_id(tenant, create=False)
     if tid is None:
         return set()
-    marks = ",".join("?" * len(cids))
-    rows = store.conn.execute(
-        f"SELECT cid FROM archive WHERE tenant=? AND cid IN ({marks})"
-        f" UNION ALL SELECT cid FROM messages WHERE tenant=? AND cid IN ({marks})",
-        (tid, *cids, tid, *cids),
-    ).fetchall()
+    # One statement whatever the count (a list of `?` per count would keep a prepared
+    # statement per run length in the connection's cache: ~4 MB more RSS, measured).
+    rows = store.conn.execute(_HELD_SQL, (tid, json.dumps(cids), tid)).fetchall()
     return {str(cid) for (cid,) in rows}
+
+
+_HELD_SQL: Final = (
+    "WITH run(cid) AS (SELECT value FROM json_each(?2))"
+    " SELECT cid FROM archive WHERE tenant=?1 AND cid IN run"
+    " UNION ALL SELECT cid FROM messages WHERE tenant=?3 AND cid IN run"
+)
 
 
 def _append_to_run(dwn: MessageProcessor, appending: AppendingRun, entry: RunEntry) -> ReplicationApplyResult | None:
