@@ -111,16 +111,20 @@ def test_every_scenario_replicates_exactly_by_either_path(scenarios: list[Scenar
     monkeypatch.setattr(ReadAuthorizer, "reader",
                         lambda self, tenant, _reader, scope: as_owner(self, tenant, tenant, scope))
     assert len(scenarios) >= 25  # every scenario that stores something
-    batched = 0
+    batched = in_runs = 0
     for number, scenario in enumerate(scenarios):
         where = tmp_path / scenario.name
         where.mkdir()
         source, replica, requests = _pull_everything(scenario, where, path_name, seed=number)
         assert requests.get("rev", 0) + requests.get("revs", 0) > 0, scenario.name  # something moved
+        history = replica.service.dwn.history
+        assert history.run_aborts == 0, scenario.name
         if path_name == "revs":
             batched += requests.get("revs", 0)  # (data too big to go inline still goes by `rev`)
+            in_runs += history.run_applied  # a `revs`'s new records in log order: applied in runs
         else:
             assert requests.get("revs", 0) == 0, (scenario.name, requests)
+            assert history.run_applied == 0, scenario.name  # a `rev` is one message: never a run
         for tenant in scenario.tenants:
             want, got = snapshot(source.store, tenant), snapshot(replica.store, tenant)
             assert_log_matches_messages(got, replica.store, tenant)
@@ -133,6 +137,7 @@ def test_every_scenario_replicates_exactly_by_either_path(scenarios: list[Scenar
             side.store.close()
     if path_name == "revs":
         assert batched >= len(scenarios)
+        assert in_runs >= 50, in_runs  # the batched path took runs, and they replicated exactly
 
 
 @settings(max_examples=int(os.environ.get("WIRE_EXAMPLES", "80")), deadline=None,
