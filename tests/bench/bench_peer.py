@@ -302,21 +302,29 @@ def sync(store_path: str, url: str, direction: str, pin: str) -> None:
 # -- orchestration ------------------------------------------------------------------------------
 
 
+def start_server(server_store: Path, port_file: Path, *, tls: bool = False,
+                 env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], str, str]:
+    """A serving process of ``server_store`` (it serves until its stdin closes, then prints its
+    report), its URL and its certificate pin ("" without TLS), once it listens."""
+    server = subprocess.Popen([sys.executable, __file__, "--serve", str(server_store), str(port_file),
+                               "tls" if tls else "plain"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 60
+    while not port_file.exists() or not port_file.read_text():
+        if time.monotonic() > deadline or server.poll() is not None:
+            server.kill()
+            raise SystemExit("the server did not start")
+        time.sleep(0.05)
+    port, scheme, *pin = port_file.read_text().split()
+    return server, f"{scheme}://127.0.0.1:{port}/_p2psync", "".join(pin)
+
+
 def run_pair(server_store: Path, client_store: Path, direction: str, tls: bool = False) -> dict[str, Any]:
     me = [sys.executable, __file__]
     with tempfile.TemporaryDirectory() as tmp:
-        port_file = Path(tmp) / "port"
-        server = subprocess.Popen([*me, "--serve", str(server_store), str(port_file), "tls" if tls else "plain"],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        server, url, pin = start_server(server_store, Path(tmp) / "port", tls=tls)
         try:
-            deadline = time.monotonic() + 30
-            while not port_file.exists() or not port_file.read_text():
-                if time.monotonic() > deadline or server.poll() is not None:
-                    raise SystemExit("the server did not start")
-                time.sleep(0.05)
-            port, scheme, *pin = port_file.read_text().split()
-            url = f"{scheme}://127.0.0.1:{port}/_p2psync"
-            out = subprocess.run([*me, "--sync", str(client_store), url, direction, "".join(pin)],
+            out = subprocess.run([*me, "--sync", str(client_store), url, direction, pin],
                                  capture_output=True, text=True, check=False)
             if out.returncode != 0:
                 raise SystemExit(out.stderr)

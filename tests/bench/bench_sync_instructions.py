@@ -28,11 +28,13 @@ import re
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+
+from tests.bench.bench_peer import build, fold_journal, start_server  # noqa: E402
+
 BENCH_PEER = ROOT / "tests" / "bench" / "bench_peer.py"
 
 _COLLECTED = re.compile(r"Collected : (\d+)")
@@ -72,17 +74,8 @@ def pull_instructions(source: Path) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         served = Path(tmp) / "source.db"
         served.write_bytes(source.read_bytes())  # serving writes its ledger: a copy each time
-        port_file = Path(tmp) / "port"
-        server = subprocess.Popen([sys.executable, str(BENCH_PEER), "--serve", str(served), str(port_file), "plain"],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        server, url, _ = start_server(served, Path(tmp) / "port", env=env)
         try:
-            deadline = time.monotonic() + 60
-            while not port_file.exists() or not port_file.read_text():
-                if time.monotonic() > deadline or server.poll() is not None:
-                    raise SystemExit("the server did not start")
-                time.sleep(0.05)
-            port, scheme, *_ = port_file.read_text().split()
-            url = f"{scheme}://127.0.0.1:{port}/_p2psync"
             return callgrind([sys.executable, str(BENCH_PEER), "--sync", str(Path(tmp) / "sink.db"), url, "pull", ""],
                              env=env)
         finally:
@@ -94,8 +87,6 @@ def pull_instructions(source: Path) -> int:
 def store(cache: Path, count: int) -> Path:
     path = cache / f"small-{count}x1024.db"
     if not path.exists():
-        from tests.bench.bench_peer import build, fold_journal
-
         build(path, count, 1024)
         fold_journal(path, count)
     return path
