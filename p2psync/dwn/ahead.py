@@ -18,6 +18,7 @@ verify's CPU from the engine's own thread and add the GIL's hand-overs.
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import pickle
 import queue
@@ -34,7 +35,15 @@ from p2psync.dwn.authentication import verify_ahead
 from p2psync.dwn.ed25519 import AHEAD, Outcome, outcome
 from p2psync.dwn.jws import signed_entry
 
-__all__ = ["IDLE_SECONDS", "MAX_PENDING", "SignatureProcess", "SignatureWorker", "second_core", "signature_entries"]
+__all__ = [
+    "IDLE_SECONDS",
+    "MAX_PENDING",
+    "SignatureProcess",
+    "SignatureWorker",
+    "read_frame",
+    "second_core",
+    "signature_entries",
+]
 
 #: Seconds the worker waits for another batch before its thread ends. Ours: longer than a
 #: sink's pause between `revs` under load, short enough that a finished sync leaves no thread.
@@ -250,7 +259,7 @@ class SignatureProcess:
         assert stdout is not None
         try:
             while True:
-                answer = _read_frame(stdout)
+                answer = read_frame(stdout)
                 if answer is None:
                     break
                 count, found, cpu = answer
@@ -278,26 +287,34 @@ class SignatureProcess:
                     process.stdin.close()
 
 
-def _read_frame(stream: Any) -> Any:
-    """One length-prefixed pickle from ``stream``; None at its end."""
-    head = stream.read(_FRAME.size)
-    if len(head) < _FRAME.size:
-        return None
-    (size,) = _FRAME.unpack(head)
-    body = b""
-    while len(body) < size:
-        more = stream.read(size - len(body))
+def _read_exactly(stream: Any, size: int) -> bytes | None:
+    """``size`` bytes from the unbuffered ``stream`` (a read may return fewer); None at its end."""
+    parts, left = [], size
+    while left:
+        more = stream.read(left)
         if not more:
             return None
-        body += more
-    return pickle.loads(body)
+        parts.append(more)
+        left -= len(more)
+    return b"".join(parts)
+
+
+def read_frame(stream: Any) -> Any:
+    """One length-prefixed pickle from the unbuffered ``stream``; None at its end."""
+    head = _read_exactly(stream, _FRAME.size)
+    if head is None:
+        return None
+    body = _read_exactly(stream, _FRAME.unpack(head)[0])
+    return None if body is None else pickle.loads(body)
 
 
 def _serve(idle: float, chunk: int) -> None:
     """The worker process: verify each batch from stdin, send acceptances to stdout."""
-    requests, answers = sys.stdin.buffer, sys.stdout.buffer
+    # Unbuffered: select() sees every byte not read yet (a buffered reader could hold a whole
+    # frame that select() would not report).
+    requests, answers = io.FileIO(sys.stdin.fileno(), "rb", closefd=False), sys.stdout.buffer
     while select.select([requests], [], [], idle)[0]:
-        batch = _read_frame(requests)
+        batch = read_frame(requests)
         if batch is None:
             return
         for start in range(0, len(batch), chunk):

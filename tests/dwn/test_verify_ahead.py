@@ -7,6 +7,10 @@ another signature) is verified inline as before.
 
 from __future__ import annotations
 
+import pickle
+import struct
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -15,7 +19,7 @@ from typing import Any
 import pytest
 
 from p2psync.dwn import authentication, ed25519, jws
-from p2psync.dwn.ahead import SignatureProcess, SignatureWorker
+from p2psync.dwn.ahead import SignatureProcess, SignatureWorker, read_frame, signature_entries
 from p2psync.dwn.encoding import b64url_decode, b64url_encode
 from p2psync.dwn.engine import Dwn
 from p2psync.dwn.errors import DwnError
@@ -250,3 +254,32 @@ def test_a_worker_process_that_dies_gives_back_what_it_had(tmp_path: Any) -> Non
     assert [dwn.apply_replicated_message(ALICE.did, m, d).kind for m, d in messages] == ["Applied"] * 3
     dwn.close()
     worker.close()
+
+
+def test_a_worker_process_answers_batches_sent_back_to_back() -> None:
+    """Frames that reach the worker in one read are all answered at once, not one per later
+    arrival (its reads are unbuffered, so none waits unseen behind another)."""
+    clock = Clock()
+    batches = [[signature_entries(_write(2 * b + i, clock)[0]) for i in range(2)] for b in range(3)]
+    frames = b""
+    for batch in batches:
+        body = pickle.dumps(batch)
+        frames += struct.pack(">I", len(body)) + body
+    worker = subprocess.Popen([sys.executable, "-m", "p2psync.dwn.ahead", "120", "8"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+    watchdog = threading.Timer(30, worker.kill)  # a stuck worker ends the reads below
+    watchdog.start()
+    try:
+        assert worker.stdin is not None and worker.stdout is not None
+        worker.stdin.write(frames)  # three frames in one write
+        answered = 0
+        while answered < 6:
+            answer = read_frame(worker.stdout)
+            assert answer is not None, f"only {answered} of 6 answered"
+            count, found, _ = answer
+            assert len(found) == count
+            answered += count
+    finally:
+        watchdog.cancel()
+        worker.kill()
+        worker.wait()
