@@ -31,9 +31,9 @@ import time
 from collections.abc import Sequence
 from typing import Any, Final
 
-from p2psync.dwn.authentication import verify_ahead
+from p2psync.dwn import jws
+from p2psync.dwn.authentication import signed_jwses, verify_ahead
 from p2psync.dwn.ed25519 import AHEAD, Outcome, outcome
-from p2psync.dwn.jws import signed_entry
 
 __all__ = [
     "IDLE_SECONDS",
@@ -141,26 +141,7 @@ def signature_entries(message: Any) -> list[tuple[str, str, str]]:
     """(protected, payload, signature) of each signature :func:`p2psync.dwn.authentication.
     authenticate` verifies for ``message`` (what :func:`verify_ahead` reads); unreadable parts
     are left out, for the engine to judge."""
-    authorization = message.get("authorization") if isinstance(message, dict) else None
-    if not isinstance(authorization, dict):
-        return []
-    jwses = [authorization.get("signature"), authorization.get("ownerSignature")]
-    for key in ("authorDelegatedGrant", "ownerDelegatedGrant"):
-        grant = authorization.get(key)
-        inner = grant.get("authorization") if isinstance(grant, dict) else None
-        if isinstance(inner, dict):
-            jwses.append(inner.get("signature"))
-    out = []
-    for jws_ in jwses:
-        if not isinstance(jws_, dict) or not isinstance(jws_.get("payload"), str):
-            continue
-        entries = jws_.get("signatures")
-        for entry in entries if isinstance(entries, list) else ():
-            if isinstance(entry, dict):
-                protected, signature = entry.get("protected"), entry.get("signature")
-                if isinstance(protected, str) and isinstance(signature, str):
-                    out.append((protected, jws_["payload"], signature))
-    return out
+    return [entry for jws_ in signed_jwses(message) for entry in jws.signature_entries(jws_)]
 
 
 class SignatureProcess:
@@ -323,7 +304,7 @@ def _serve(idle: float, chunk: int) -> None:
             for entries in part:
                 for protected, payload, signature in entries:
                     try:
-                        _, key, signature_bytes, signing_input = signed_entry(protected, payload, signature)
+                        _, key, signature_bytes, signing_input = jws.signed_entry(protected, payload, signature)
                     except Exception:  # the engine judges whatever cannot be read
                         continue
                     if outcome(key, signature_bytes, signing_input)[0] is Outcome.ACCEPT:

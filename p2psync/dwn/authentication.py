@@ -13,7 +13,7 @@ from p2psync.dwn import jws
 from p2psync.dwn.errors import DwnError
 from p2psync.dwn.records_write import RecordsWrite
 
-__all__ = ["authenticate", "verify_ahead"]
+__all__ = ["authenticate", "signed_jwses", "verify_ahead"]
 
 
 def authenticate(authorization: dict[str, Any] | None) -> None:
@@ -31,21 +31,24 @@ def authenticate(authorization: dict[str, Any] | None) -> None:
             jws.verify(grant["authorization"]["signature"])
 
 
+def signed_jwses(message: Any) -> list[dict[str, Any]]:
+    """The General JWSes :func:`authenticate` verifies for ``message``, those that can be read:
+    what a worker verifying ahead takes (p2psync/dwn/ahead.py)."""
+    authorization = message.get("authorization") if isinstance(message, dict) else None
+    if not isinstance(authorization, dict):
+        return []
+    jwses = [authorization.get("signature"), authorization.get("ownerSignature")]
+    for key in ("authorDelegatedGrant", "ownerDelegatedGrant"):
+        grant = authorization.get(key)
+        inner = grant.get("authorization") if isinstance(grant, dict) else None
+        if isinstance(inner, dict):
+            jwses.append(inner.get("signature"))
+    return [jws_ for jws_ in jwses if isinstance(jws_, dict)]
+
+
 def verify_ahead(message: Any) -> int:
     """Verify, on a worker thread, the signatures :func:`authenticate` will verify for
     ``message``, keeping each acceptance for the engine (:class:`p2psync.dwn.ed25519.Ahead`);
     returns how many were accepted. Never raises: whatever it cannot read is left to the
     engine, which checks the structure and verifies again anything not kept."""
-    authorization = message.get("authorization") if isinstance(message, dict) else None
-    if not isinstance(authorization, dict):
-        return 0
-    accepted = 0
-    for jws_ in (authorization.get("signature"), authorization.get("ownerSignature")):
-        if isinstance(jws_, dict):
-            accepted += jws.verify_ahead(jws_)
-    for key in ("authorDelegatedGrant", "ownerDelegatedGrant"):
-        grant = authorization.get(key)
-        inner = grant.get("authorization") if isinstance(grant, dict) else None
-        if isinstance(inner, dict) and isinstance(inner.get("signature"), dict):
-            accepted += jws.verify_ahead(inner["signature"])
-    return accepted
+    return sum(jws.verify_ahead(jws_) for jws_ in signed_jwses(message))

@@ -114,25 +114,34 @@ def _verify_entry(protected: str, payload: str, signature: str) -> str:
     return did
 
 
+def signature_entries(jws: Any) -> list[tuple[str, str, str]]:
+    """(protected, payload, signature) of each readable signature entry of a General JWS;
+    what cannot be read is left out, for :func:`verify` to refuse."""
+    payload = jws.get("payload") if isinstance(jws, dict) else None
+    entries = jws.get("signatures") if isinstance(jws, dict) else None
+    if not isinstance(payload, str) or not isinstance(entries, list):
+        return []
+    out = []
+    for entry in entries:
+        if isinstance(entry, dict):
+            protected, signature = entry.get("protected"), entry.get("signature")
+            if isinstance(protected, str) and isinstance(signature, str):
+                out.append((protected, payload, signature))
+    return out
+
+
 def verify_ahead(jws: Any) -> int:
     """Verify ``jws``'s signatures into :data:`ed25519.AHEAD` (a worker thread's side of it);
     returns how many were accepted. Never raises: anything it cannot read, or a signature it
     refuses, is left for the engine's own :func:`verify`."""
     accepted = 0
-    try:
-        payload = jws["payload"]
-        entries = jws["signatures"]
-        if not isinstance(payload, str) or not isinstance(entries, list):
-            return 0
-        for entry in entries:
-            protected, signature = entry["protected"], entry["signature"]
-            if not (isinstance(protected, str) and isinstance(signature, str)):
-                continue
+    for protected, payload, signature in signature_entries(jws):
+        try:
             _, key, signature_bytes, signing_input = _signed(protected, payload, signature)
-            if ed25519.AHEAD.verify(key, signature_bytes, signing_input) is ed25519.Outcome.ACCEPT:
-                accepted += 1
-    except Exception:  # the engine's own verify judges whatever this could not read
-        return accepted
+        except Exception:  # the engine's own verify judges whatever this could not read
+            continue
+        if ed25519.AHEAD.verify(key, signature_bytes, signing_input) is ed25519.Outcome.ACCEPT:
+            accepted += 1
     return accepted
 
 
