@@ -196,3 +196,60 @@ def test_bad_inline_base64_never_reaches_store(dwn: Dwn, alice: Identity) -> Non
     reply = dwn.process_message(alice.did, message, b"abc")
     assert reply.code == 400
     assert dwn.store.messages.count(alice.did) == 0
+
+
+def _stored_row(dwn: Dwn, cid: str) -> tuple[int, dict[str, object], dict[str, object]] | None:
+    """(rowid, body, indexes) of the messages row stored under ``cid``."""
+    import json
+
+    row = dwn.store.conn.execute("SELECT id, body, indexes FROM messages WHERE cid=?", (cid,)).fetchone()
+    return None if row is None else (int(row[0]), json.loads(row[1]), json.loads(row[2]))
+
+
+def _journaled(dwn: Dwn, cid: str) -> list[int]:
+    return [int(d) for (d,) in dwn.store.conn.execute("SELECT delta FROM set_journal WHERE cid=? ORDER BY seq", (cid,))]
+
+
+def test_an_update_demotes_the_initial_write_in_place(dwn: Dwn, alice: Identity) -> None:
+    """An update leaves the record's initial write stored, less its data and no longer its
+    latest state, in the very row it had (the reference deletes and puts it again; the
+    state is the same, less the index rewrites, issue #17); later updates leave it as it is."""
+    w1 = _write(alice, b"v1")
+    assert dwn.process_message(alice.did, w1.message, b"v1").code == 202
+    initial_cid = message_cid(w1.message)
+    before = _stored_row(dwn, initial_cid)
+    assert before is not None and before[1]["encodedData"] and before[2]["isLatestBaseState"] is True
+    previous = w1.message
+    for i in range(2, 5):
+        update = RecordsWrite.create_from(previous, signer=alice, data=f"v{i}".encode())
+        assert dwn.process_message(alice.did, update.message, f"v{i}".encode()).code == 202
+        after = _stored_row(dwn, initial_cid)
+        assert after is not None
+        assert after[0] == before[0]  # the same row, not a new one
+        assert "encodedData" not in after[1] and after[2]["isLatestBaseState"] is False
+        assert {k: v for k, v in before[1].items() if k != "encodedData"} == after[1]
+        if previous is not w1.message:  # the update before is gone, with its log entry
+            assert _stored_row(dwn, message_cid(previous)) is None
+            assert dwn.store.events.position_of(alice.did, message_cid(previous)) is None
+        previous = update.message
+    # Never taken out of the stored set and put back, so the set digests see no churn.
+    assert _journaled(dwn, initial_cid) == [1]
+    assert _read(dwn, alice.did, alice, w1.record_id).data == b"v4"  # type: ignore[attr-defined]
+
+
+def test_an_update_of_a_zero_byte_record_stores_its_initial_write_under_its_own_cid(
+    dwn: Dwn, alice: Identity
+) -> None:
+    """A 0-byte initial write is stored under the CID of the message with ``encodedData: ""``;
+    demoted, it has no encodedData, so it moves to its own CID, as in the reference."""
+    w1 = _write(alice, b"")
+    assert dwn.process_message(alice.did, w1.message, b"").code == 202
+    with_empty = message_cid({**w1.message, "encodedData": ""})
+    own = message_cid(w1.message)
+    assert with_empty != own and _stored_row(dwn, with_empty) is not None
+    update = RecordsWrite.create_from(w1.message, signer=alice, data=b"now some")
+    assert dwn.process_message(alice.did, update.message, b"now some").code == 202
+    assert _stored_row(dwn, with_empty) is None
+    demoted = _stored_row(dwn, own)
+    assert demoted is not None and demoted[2]["isLatestBaseState"] is False and "encodedData" not in demoted[1]
+    assert _journaled(dwn, with_empty) == [1, -1] and _journaled(dwn, own) == [1]

@@ -114,13 +114,20 @@ def delete_all_older_messages_but_keep_initial_write(
         if not is_older(message, newest):
             continue
         _delete_from_data_store_if_needed(store, tenant, message, newest)
-        store.messages.delete(tenant, message_cid(message))
-        if is_initial_write(message):
-            demoted = {k: v for k, v in message.items() if k != "encodedData"}
-            store.messages.put(tenant, demoted, RecordsWrite(demoted).construct_indexes(False))
+        cid = message_cid(message)
+        if not is_initial_write(message):
+            store.messages.delete(tenant, cid)
+            deleted.append(cid)
+            continue
+        demoted = {k: v for k, v in message.items() if k != "encodedData"}
+        indexes = RecordsWrite(demoted).construct_indexes(False)
+        if message.get("encodedData") == "":
+            # A 0-byte record's stored CID holds its empty data; the demoted one's does not.
+            store.messages.delete(tenant, cid)
+            store.messages.put(tenant, demoted, indexes)
         else:
-            deleted.append(message_cid(message))
-        store.events.delete_events_by_cid(tenant, deleted)
+            store.messages.demote(tenant, cid, demoted, indexes)
+    store.events.delete_events_by_cid(tenant, deleted)
 
 
 def _delete_from_data_store_if_needed(store: Store, tenant: str, message: Message, newest: Message) -> None:
