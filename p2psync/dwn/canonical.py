@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import apsw
+import cbor2
 
 from p2psync.dwn.blobs import parse_reference
 from p2psync.dwn.encoding import b64url_decode, json_compact, message_cid
@@ -352,6 +353,8 @@ class History:
         self.replayed = 0  # messages processed again by them
         self.run_applied = 0  # messages admitted in runs (AppendingRun), and runs rolled back
         self.run_aborts = 0
+        self.updates_compact = 0  # later writes that sorted last and took the compact undo
+        self._columns: tuple[str, ...] | None = None  # _record_rows_columns
 
     # -- lookups ---------------------------------------------------------------------------
 
@@ -398,7 +401,7 @@ class History:
             # An initial write that sorts last takes the replicated path's cheap undo (checked,
             # with the session as its fallback), not a session of its own (issue #17).
             reply, undo = (self._appended(tenant, message, data, cid) if initial
-                           else self._recorded(tenant, message, data, withheld=False))
+                           else self._updated(tenant, message, data, cid))
             if reply.code in (202, 204):
                 self._insert(tenant, message, data, cid, key, accepted=True, undo=undo, initial=initial)
         return reply
@@ -412,14 +415,14 @@ class History:
         with self.store.transaction():
             if self._sorts_last(tenant, key, record_id, initial=initial):
                 reply, undo = (self._appended(tenant, message, data, cid) if initial
-                               else self._recorded(tenant, message, data, withheld=False))
+                               else self._updated(tenant, message, data, cid))
                 verdict = judge(reply)
                 if verdict is Verdict.DROP:
                     return Placement(reply, verdict, False, 0)
                 self._insert(tenant, message, data, cid, key, accepted=reply.code in (202, 204), undo=undo,
                              initial=initial)
-                # An appended initial write's undo names its row, which _appended just saw stored.
-                stored = (undo.startswith((_INSERTED_ROW, _INSERTED_ROW_AND_DATA))
+                # A compact undo names the message's row, which was just seen stored.
+                stored = (undo.startswith((_INSERTED_ROW, _INSERTED_ROW_AND_DATA, _UPDATED_RECORD))
                           or self.store.messages.has(tenant, _stored_cid(message, cid)))
                 return Placement(reply, verdict, stored, 0)
             start = self._warp_start(tenant, key, record_id)
@@ -628,6 +631,124 @@ class History:
         except _RollBack:
             pass
         return self._recorded(tenant, message, data, withheld=False)
+
+    def _updated(self, tenant: str, message: Message, data: bytes | None, cid: str) -> tuple[Reply, bytes]:
+        """A later write of a record that sorts last, processed; (the reply, what undoes it).
+
+        What a pull in log order does for each update. Its processing touches only its
+        record's rows of ``messages``: it stores its own, deletes the write it supersedes and
+        demotes the initial write in place. Its undo is :data:`_UPDATED_RECORD`: delete the
+        new row if it is as stored, put the initial write's texts back if they are as left,
+        and put the deleted rows back whole, under their ids (never reused) — what the inverse
+        of a SQLite session's changeset does, without the session's pre-update hook, table
+        introspection, changeset and inverse (an eighth of an update, issue #17). Checked, not
+        assumed, as :meth:`_appended` is: the set journal, the record's rows before and after,
+        and the connection's change count must show exactly that, or the processing is rolled
+        back and done again under a session. Data kept out of line (this write's or any of its
+        record's) takes the session at once: its ``data`` rows may change too.
+        """
+        d = message.get("descriptor")
+        record_id = message.get("recordId")
+        if (
+            not isinstance(d, dict)
+            or (d.get("interface"), d.get("method")) != ("Records", "Write")
+            or not isinstance(record_id, str)
+            or not _inline(d.get("dataSize"))
+        ):
+            return self._recorded(tenant, message, data, withheld=False)
+        conn, tid = self.store.conn, self.store._tid(tenant)
+        if self.store.scalar(_RECORD_HAS_DATA_SQL, (tid, record_id)):
+            return self._recorded(tenant, message, data, withheld=False)
+        before = {row[0]: row for row in conn.execute(_RECORD_ROWS_SQL, (tid, record_id))}
+        columns = self._record_rows_columns()
+        seq = self.store.scalar("SELECT coalesce(max(seq), 0) FROM set_journal")
+        changes = conn.total_changes()
+        try:
+            with self.store.transaction():
+                reply = self._process(tenant, message, data, False)
+                changes = conn.total_changes() - changes
+                if changes == 0:
+                    return reply, b""  # refused before writing anything
+                undo = self._update_undo(tid, record_id, _stored_cid(message, cid), columns, before, seq, changes)
+                if undo is not None:
+                    self.updates_compact += 1
+                    return reply, undo
+                raise _RollBack
+        except _RollBack:
+            pass
+        return self._recorded(tenant, message, data, withheld=False)
+
+    def _record_rows_columns(self) -> tuple[str, ...]:
+        """The names of :data:`_RECORD_ROWS_SQL`'s columns (the schema is settled on open)."""
+        if self._columns is None:
+            whole = tuple(str(row[1]) for row in self.store.conn.execute("PRAGMA table_xinfo(messages)"))
+            self._columns = ("cid", "body", "indexes", *whole)
+        return self._columns
+
+    def _update_undo(
+        self, tid: int, record_id: str, stored_cid: str, columns: tuple[str, ...], before: dict[str, tuple[Any, ...]],
+        seq: int, changes: int,
+    ) -> bytes | None:
+        """The compact undo of an :meth:`_updated` write, or None when its processing changed
+        anything but its record's rows as an update does."""
+        conn = self.store.conn
+        added: list[tuple[Any, Any]] = []
+        removed: list[str] = []
+        for journaled_tid, journaled_cid, delta, body, indexes in conn.execute(_JOURNALED_ROWS_SQL, (seq,)):
+            if journaled_tid != tid:
+                return None
+            if delta == 1 and journaled_cid == stored_cid and body is not None:
+                added.append((body, indexes))
+            elif delta == -1 and journaled_cid in before and journaled_cid not in removed:
+                removed.append(journaled_cid)
+            else:
+                return None
+        if len(added) != 1 or stored_cid in before:
+            return None
+        after = {row[0]: row for row in conn.execute(_RECORD_ROWS_SQL, (tid, record_id))}
+        if after.keys() != (before.keys() - set(removed)) | {stored_cid}:
+            return None
+        demoted: list[tuple[str, Any, Any, bytes]] = []
+        for row_cid, row in before.items():
+            now = after.get(row_cid)
+            if now is None or now == row:
+                continue
+            if any(was != is_ and name not in ("body", "indexes")
+                   for name, was, is_ in zip(columns, row, now, strict=True)):
+                return None
+            demoted.append((row_cid, row[1], row[2], _row_digest(now[1], now[2])))
+        # Its row, journal entry, log position and entry; each superseded row, its journal
+        # entry and its log entry; each demoted row.
+        if changes != _STORED_ONE_ROW + 3 * len(removed) + len(demoted):
+            return None
+        return _UPDATED_RECORD + cbor2.dumps(
+            [stored_cid, _row_digest(*added[0]), list(columns[_WHOLE_ROW:]),
+             [list(before[c][_WHOLE_ROW:]) for c in removed], [list(d) for d in demoted]]
+        )
+
+    def _undo_update(self, tid: int, undo: bytes, touched: set[str]) -> None:
+        """Undo an :meth:`_updated` write (its :data:`_UPDATED_RECORD` undo, less the marker).
+        A row not as the write left it, or one of its old rows already back, means a message
+        the warp did not take changed them: refused like a changeset conflict."""
+        stored_cid, digest, columns, removed, demoted = cbor2.loads(undo)
+        conn = self.store.conn
+        self._delete_inserted(tid, stored_cid, digest)
+        touched.add(stored_cid)
+        for row_cid, body, indexes, now in demoted:
+            row = conn.execute(
+                "SELECT id, body, indexes FROM messages WHERE tenant=? AND cid=?", (tid, row_cid)
+            ).fetchone()
+            if row is None or _row_digest(row[1], row[2]) != now:
+                raise apsw.AbortError(f"undoing {stored_cid}: {row_cid} is not as it left it")
+            conn.execute("UPDATE messages SET body=?, indexes=? WHERE id=?", (body, indexes, row[0]))
+        insert = f"INSERT INTO messages({', '.join(columns)}) VALUES({', '.join('?' * len(columns))})"
+        cid_at = columns.index("cid")
+        for values in removed:
+            try:
+                conn.execute(insert, values)
+            except apsw.ConstraintError as e:
+                raise apsw.AbortError(f"undoing {stored_cid}: a superseded row is back already ({e})") from e
+            touched.add(values[cid_at])
 
     def _insert(
         self, tenant: str, message: Message, data: bytes | None, cid: str, key: str, *, accepted: bool, undo: bytes,
@@ -881,6 +1002,8 @@ class History:
                 rest = undo[len(_INSERTED_ROW_AND_DATA):]
                 self._delete_inserted(tid, str(stored_cid), rest[:-8], data_row=int.from_bytes(rest[-8:], "big"))
                 touched.add(str(stored_cid))
+            elif undo.startswith(_UPDATED_RECORD):
+                self._undo_update(tid, undo[len(_UPDATED_RECORD):], touched)
             elif undo:
                 _collect_cids(undo, touched)
                 apsw.Changeset.apply(undo, conn)
@@ -1091,12 +1214,27 @@ _INSERTED_ROW: Final = b"\x00p2psync:inserted-row\x00"
 # The undo of an :meth:`History._appended` initial write whose data is kept out of line: this
 # marker, the row's digest, then the 8-byte id of the ``data`` row it added.
 _INSERTED_ROW_AND_DATA: Final = b"\x00p2psync:inserted-row-and-data\x00"
+# The undo of an :meth:`History._updated` write: this marker, then the CBOR of [its stored CID,
+# its row's digest, the ``messages`` columns, the rows it deleted (whole, in those columns), and
+# for each row it changed in place (the initial write it demoted): [CID, old body, old indexes,
+# the digest of the row as it left it]].
+_UPDATED_RECORD: Final = b"\x00p2psync:updated-record\x00"
+# A record's ``messages`` rows: CID, body, indexes, then the whole row (from `_WHOLE_ROW` on).
+_RECORD_ROWS_SQL: Final = "SELECT cid, body, indexes, * FROM messages WHERE tenant=? AND record_id=?"
+_WHOLE_ROW: Final = 3
+# Whether a record has data kept out of line.
+_RECORD_HAS_DATA_SQL: Final = "SELECT EXISTS(SELECT 1 FROM data WHERE tenant=? AND record_id=?)"
 # What storing one message changes, as the connection counts it: its ``messages`` row, the
 # set-journal row its trigger writes, the tenant's next log position, the log entry.
 _STORED_ONE_ROW: Final = 4
 # Data larger than this is kept out of line, in the data store (dwn-sdk-js 0.5.2's
 # DwnConstant.maxDataSizeAllowedToBeEncoded; handlers/records.py).
 _MAX_DATA_SIZE_ENCODED: Final = 30_000
+
+
+def _inline(size: Any) -> bool:
+    """Whether a write declaring ``size`` keeps its data inline (None: it declares none)."""
+    return size is None or (type(size) is int and size <= _MAX_DATA_SIZE_ENCODED)
 
 
 # The archive rows of a record from a sort key on (the rows its own footprint keys name).

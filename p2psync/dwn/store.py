@@ -28,7 +28,7 @@ from p2psync.dwn.datacid import data_cid
 from p2psync.dwn.encoding import json_compact, message_cid
 from p2psync.dwn.errors import DwnError
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 log = logging.getLogger(__name__)
 
@@ -385,6 +385,12 @@ _MIGRATIONS: dict[int, str] = {
 {_usage_out("old")}
 {_usage_in("new")}
     END;
+    """,
+    # No table changes: an archive row's `undo` may now also be the compact undo of a later
+    # write of a record appended in order (canonical.py, `_UPDATED_RECORD`), which a schema-9
+    # p2psync would take for a changeset. The version keeps such a p2psync from opening it.
+    10: """
+    SELECT 1;
     """,
 }
 

@@ -287,7 +287,7 @@ def test_a_schema_8_store_with_its_data_in_sqlite_reads_both(tmp_path: Path) -> 
     for name in os.listdir(str(path) + ".blobs"):
         os.unlink(os.path.join(str(path) + ".blobs", name))
     reopened = Store(path)
-    assert reopened.scalar("PRAGMA user_version") == SCHEMA_VERSION == 9
+    assert reopened.scalar("PRAGMA user_version") == SCHEMA_VERSION == 10
     assert type(reopened.conn.execute("SELECT bytes FROM data").fetchone()[0]) is bytes
     new = _write(Dwn(reopened), clock, _big(2))
     assert reopened.data.get(ALICE.did, old.message["recordId"], data_cid(_big(1))) == _big(1)

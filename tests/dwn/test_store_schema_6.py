@@ -110,7 +110,7 @@ def test_a_schema_5_store_migrates_and_answers_the_same(tmp_path: Path, monkeypa
 
     migrated = Dwn(Store(path))
     store = migrated.store
-    assert store.scalar("PRAGMA user_version") == SCHEMA_VERSION == 9
+    assert store.scalar("PRAGMA user_version") == SCHEMA_VERSION == 10
     for name in ("messages_entry", "messages_parent", "messages_context", "messages_protocol", "archive_stored"):
         assert " WHERE " in index_sql(store, name), name
     assert store.scalar("SELECT count(*) FROM archive_keys") == keys - own

@@ -66,7 +66,7 @@ def test_a_schema_3_store_gets_its_counts(tmp_path: Path) -> None:
     conn.execute("PRAGMA user_version=3")
     old.close()
     reopened = Dwn(Store(path))
-    assert reopened.store.scalar("PRAGMA user_version") == SCHEMA_VERSION == 9
+    assert reopened.store.scalar("PRAGMA user_version") == SCHEMA_VERSION == 10
     assert reopened.store.usage(w.tenant) == want
     extra = w.write("late note", w.bob, "note", b"late")
     assert reopened.process_message(w.tenant, extra.message, b"late").code == 202

@@ -446,7 +446,7 @@ def test_a_schema_2_store_gets_its_digests(tmp_path: Path) -> None:
     old.close()
 
     reopened = Store(path)
-    assert reopened.scalar("PRAGMA user_version") == SCHEMA_VERSION == 9
+    assert reopened.scalar("PRAGMA user_version") == SCHEMA_VERSION == 10
     index = SetIndex(reopened)
     assert index.pending() == messages  # every stored message journaled once, folded on first use
     assert index.digest(w.tenant) == SetDigest(*want[(w.tenant, "")])
