@@ -257,7 +257,7 @@ def apply_replicated_run(
     none (a run that did not store exactly what it should is rolled back whole and returns none).
     Inside the caller's write transaction (the group commit's), never beside it.
     """
-    run = _run_candidates(entries)
+    run = run_candidates(entries)
     if len(run) < MIN_RUN or not isinstance(tenant, str) or not tenant or not _tenant_active(dwn, tenant):
         return []
     held = _held(dwn.store, tenant, [entry.cid for entry in run])
@@ -285,7 +285,7 @@ def apply_replicated_run(
     return results
 
 
-def _run_candidates(entries: Sequence[RunEntry]) -> list[RunEntry]:
+def run_candidates(entries: Sequence[RunEntry]) -> list[RunEntry]:
     """The leading entries that may form a run, by what a look at each tells (its descriptor is
     a RecordsWrite's, dated as an initial write is, in increasing canonical order); whether each
     really is its record's initial write is checked when it is processed."""

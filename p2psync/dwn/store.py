@@ -18,7 +18,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Final, Protocol
+from typing import Any, Final, NamedTuple, Protocol
 
 import apsw
 
@@ -1025,6 +1025,28 @@ def _is_filter_concise(flt: dict[str, Any], has_cursor: bool) -> bool:
     return any(k in flt for k in ("protocolPath", "contextId", "parentId", "schema"))
 
 
+class StoredMessage(NamedTuple):
+    """A message as stored: its JSON decoded, the CID it is stored under (its message CID, with
+    a 0-byte record's ``encodedData: ""``), and the indexes it was put under."""
+
+    message: dict[str, Any]
+    cid: str
+    indexes: dict[str, Any]
+
+    @property
+    def initial_write(self) -> bool | None:
+        """Whether it is its record's initial write, as its indexes tell (a RecordsWrite is put
+        under its entry id, which is its record id for the initial write alone); None when
+        they do not tell (then ``records_write.is_initial_write`` computes it)."""
+        d = self.message.get("descriptor")
+        if type(d) is not dict or d.get("interface") != "Records" or d.get("method") != "Write":
+            return False
+        entry_id, record_id = self.indexes.get("entryId"), self.message.get("recordId")
+        if type(entry_id) is not str or type(record_id) is not str:
+            return None
+        return entry_id == record_id
+
+
 class MessageStore:
     """Messages with their indexes; queries with the reference's semantics."""
 
@@ -1157,6 +1179,13 @@ class MessageStore:
         """Messages matching any of ``filters``, sorted and paged as the reference does."""
         matched, next_cursor = self._match(tenant, filters, sort, pagination)
         return [json.loads(body) for _, body, _ in matched], next_cursor
+
+    def query_stored(self, tenant: str, filters: list[dict[str, Any]]) -> list[StoredMessage]:
+        """:meth:`query`'s messages, in its order, each with the CID it is stored under and its
+        indexes: what a handler would otherwise derive again from the message (its CID,
+        whether it is its record's initial write: a DAG-CBOR encoding and a hash each, issue #17)."""
+        matched, _ = self._match(tenant, filters, None, None)
+        return [StoredMessage(json.loads(body), key.rsplit("\x00", 1)[1], idx) for key, body, idx in matched]
 
     def query_cids(
         self, tenant: str, filters: list[dict[str, Any]], sort: dict[str, int] | None = None

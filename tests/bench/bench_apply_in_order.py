@@ -40,6 +40,7 @@ from p2psync.dwn.records_write import RecordsWrite  # noqa: E402
 from p2psync.dwn.replicated import RunEntry  # noqa: E402
 from p2psync.dwn.store import Store  # noqa: E402
 from p2psync.replication.closure import ReplicationEntry  # noqa: E402
+from p2psync.state.service import _RUN_RETRY_AFTER  # noqa: E402
 from tests.bench.bench_engine import verify_rate  # noqa: E402
 from tests.replication.support import Clock, seeded  # noqa: E402
 
@@ -82,13 +83,17 @@ def alone(dwn: Dwn, entries: list[RunEntry]) -> None:
 
 
 def in_runs(dwn: Dwn, entries: list[RunEntry]) -> None:
-    i = 0
+    """As the store service does: a run where one starts, else one alone and no new try for
+    the next few (``_RUN_RETRY_AFTER``)."""
+    i, next_run = 0, 0
     while i < len(entries):
-        ran = dwn.apply_replicated_run(ALICE.did, entries[i:])
-        if ran:
-            assert all(r.kind == "Applied" for r in ran), ran
-            i += len(ran)
-            continue
+        if i >= next_run:
+            ran = dwn.apply_replicated_run(ALICE.did, entries[i:])
+            if ran:
+                assert all(r.kind == "Applied" for r in ran), ran
+                i += len(ran)
+                continue
+            next_run = i + _RUN_RETRY_AFTER
         alone(dwn, entries[i : i + 1])
         i += 1
 

@@ -27,12 +27,11 @@ from p2psync.dwn.records_write import (
     RecordsWrite,
     fetch_initial_records_write,
     fetch_initial_records_write_message,
-    get_initial_write,
     is_initial_write,
     verify_equality_of_immutable_properties,
 )
 from p2psync.dwn.reply import HandlerContext, Reply, reply_from_error
-from p2psync.dwn.store import Store
+from p2psync.dwn.store import Store, StoredMessage
 from p2psync.dwn.timeutil import validate_timestamp
 from p2psync.dwn.urls import validate_protocol_url_normalized, validate_schema_url_normalized
 
@@ -105,20 +104,36 @@ def parse_records_query(message: Message) -> GenericMessage:
 # --------------------------------------------------------------------------- storage
 
 
+def _is_initial(stored: StoredMessage) -> bool:
+    told = stored.initial_write
+    return is_initial_write(stored.message) if told is None else told
+
+
+def _initial_write(stored: list[StoredMessage]) -> Message:
+    """The record's initial write among its stored messages (``get_initial_write``, read off
+    their indexes)."""
+    for s in stored:
+        if _is_initial(s):
+            return s.message
+    raise DwnError("RecordsWriteGetInitialWriteNotFound", "Initial write is not found.")
+
+
 def delete_all_older_messages_but_keep_initial_write(
-    store: Store, tenant: str, existing: list[Message], newest: Message
+    store: Store, tenant: str, existing: list[StoredMessage], newest: Message
 ) -> None:
     """Prune what a newer message supersedes; the initial write stays, demoted from latest."""
     deleted: list[str] = []
-    for message in existing:
+    for stored in existing:
+        message, cid = stored.message, stored.cid
         if not is_older(message, newest):
             continue
         _delete_from_data_store_if_needed(store, tenant, message, newest)
-        cid = message_cid(message)
-        if not is_initial_write(message):
+        if not _is_initial(stored):
             store.messages.delete(tenant, cid)
             deleted.append(cid)
             continue
+        if "encodedData" not in message and stored.indexes.get("isLatestBaseState") is False:
+            continue  # demoted already (by an earlier write): the demotion would leave it as it is
         demoted = {k: v for k, v in message.items() if k != "encodedData"}
         indexes = RecordsWrite(demoted).construct_indexes(False)
         if message.get("encodedData") == "":
@@ -191,11 +206,12 @@ def handle_records_write(
     except STAGE_ERRORS as e:
         return reply_from_error(e, 401)
 
-    existing, _ = store.messages.query(tenant, [{"interface": "Records", "recordId": message["recordId"]}])
+    rows = store.messages.query_stored(tenant, [{"interface": "Records", "recordId": message["recordId"]}])
+    existing = [row.message for row in rows]
     new_is_initial = write.is_initial_write
     if not new_is_initial:
         try:
-            initial = get_initial_write(existing)
+            initial = _initial_write(rows)
             verify_equality_of_immutable_properties(initial, message)
         except STAGE_ERRORS as e:
             return reply_from_error(e, 400)
@@ -233,7 +249,7 @@ def handle_records_write(
                 tenant, stored, indexes, None if stored.get("encodedData") == "" else cid, indexes_json, body_json
             )
             store.events.append(tenant, cid, indexes, indexes_json)
-            delete_all_older_messages_but_keep_initial_write(store, tenant, existing, message)
+            delete_all_older_messages_but_keep_initial_write(store, tenant, rows, message)
     except DwnError as e:
         if e.code in _WRITE_STORAGE_400 or e.code.startswith(("PermissionsProtocolValidate", "SchemaValidator")):
             return reply_from_error(e, 400)
@@ -379,18 +395,18 @@ def _authorize_records_delete(tenant: str, delete: GenericMessage, initial: Reco
 
 def _perform_records_delete(store: Store, tenant: str, message: Message) -> None:
     record_id = message["descriptor"]["recordId"]
-    existing, _ = store.messages.query(tenant, [{"interface": "Records", "recordId": record_id}])
-    newest = get_newest_message(existing)
+    rows = store.messages.query_stored(tenant, [{"interface": "Records", "recordId": record_id}])
+    newest = get_newest_message(row.message for row in rows)
     if not can_perform_delete_against_record(message, newest):
         return
     delete = GenericMessage(message)
-    initial = get_initial_write(existing)
+    initial = _initial_write(rows)
     indexes = construct_delete_indexes(delete, initial)
     store.messages.put(tenant, message, indexes)
     store.events.append(tenant, message_cid(message), indexes)
     if message["descriptor"].get("prune"):
         purge_record_descendants(store, tenant, record_id)
-    delete_all_older_messages_but_keep_initial_write(store, tenant, existing, message)
+    delete_all_older_messages_but_keep_initial_write(store, tenant, rows, message)
 
 
 def construct_delete_indexes(delete: GenericMessage, initial: Message) -> dict[str, Any]:
