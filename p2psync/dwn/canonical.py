@@ -583,7 +583,9 @@ class History:
             session.close()
         return reply, apsw.Changeset.invert(changes) if changes else b""
 
-    def _appended(self, tenant: str, message: Message, data: bytes | None, cid: str) -> tuple[Reply, bytes]:
+    def _appended(
+        self, tenant: str, message: Message, data: bytes | None, cid: str, withheld: bool = False
+    ) -> tuple[Reply, bytes]:
         """An initial write that sorts last, processed; (the reply, what undoes it).
 
         What a pull in log order does for each record. Its processing stores its own row and
@@ -595,9 +597,11 @@ class History:
         exactly that one row stored (with its log entry), the processing is rolled back and
         done again under a session. A write whose data is kept out of line also adds its
         ``data`` row, new (no row of that key was there before) and seen: its undo
-        (:data:`_INSERTED_ROW_AND_DATA`) deletes that row too.
+        (:data:`_INSERTED_ROW_AND_DATA`) deletes that row too. A warp processing its rows again
+        uses it too (``withheld`` as it processes the row; the event log frozen, so no entry).
         """
         conn, tid = self.store.conn, self.store._tid(tenant)
+        one_row = _STORED_ONE_ROW if not self.store.events.frozen else _STORED_ONE_ROW_FROZEN
         stored_cid = _stored_cid(message, cid)
         seq = self.store.scalar("SELECT coalesce(max(seq), 0) FROM set_journal")
         data_key = _data_key(message, data)
@@ -607,12 +611,12 @@ class History:
             # are never reused): the row must be new, not one a REPLACE took the place of.
             before = conn.execute(_DATA_BEFORE_SQL, (tid, *data_key)).fetchone()
             if before is None or before[1]:
-                return self._recorded(tenant, message, data, withheld=False)
+                return self._recorded(tenant, message, data, withheld=withheld)
             last_data = _int(before[0])
         changes = conn.total_changes()
         try:
             with self.store.transaction():
-                reply = self._process(tenant, message, data, False)
+                reply = self._process(tenant, message, data, withheld)
                 changes = conn.total_changes() - changes
                 if changes == 0:
                     return reply, b""  # refused before writing anything
@@ -621,16 +625,16 @@ class History:
                     journaled_tid, journaled_cid, delta, body, indexes = journal[0]
                     if (journaled_tid, journaled_cid, delta) == (tid, stored_cid, 1) and body is not None:
                         digest = _row_digest(body, indexes)
-                        if changes == _STORED_ONE_ROW and data_key is None:
+                        if changes == one_row and data_key is None:
                             return reply, _INSERTED_ROW + digest
-                        if changes == _STORED_ONE_ROW + 1 and data_key is not None:
+                        if changes == one_row + 1 and data_key is not None:
                             added = conn.execute(_DATA_AFTER_SQL, (last_data,)).fetchall()
                             if len(added) == 1 and tuple(added[0][1:]) == (tid, *data_key):
                                 return reply, _INSERTED_ROW_AND_DATA + digest + _int(added[0][0]).to_bytes(8, "big")
                 raise _RollBack
         except _RollBack:
             pass
-        return self._recorded(tenant, message, data, withheld=False)
+        return self._recorded(tenant, message, data, withheld=withheld)
 
     def _updated(self, tenant: str, message: Message, data: bytes | None, cid: str) -> tuple[Reply, bytes]:
         """A later write of a record that sorts last, processed; (the reply, what undoes it).
@@ -718,8 +722,12 @@ class History:
                 return None
             demoted.append((row_cid, row[1], row[2], _row_digest(now[1], now[2])))
         # Its row, journal entry, log position and entry; each superseded row, its journal
-        # entry and its log entry; each demoted row.
-        if changes != _STORED_ONE_ROW + 3 * len(removed) + len(demoted):
+        # entry and its log entry; each demoted row. (No log changes while the log is frozen.)
+        if self.store.events.frozen:
+            expected = _STORED_ONE_ROW_FROZEN + 2 * len(removed) + len(demoted)
+        else:
+            expected = _STORED_ONE_ROW + 3 * len(removed) + len(demoted)
+        if changes != expected:
             return None
         return _UPDATED_RECORD + cbor2.dumps(
             [stored_cid, _row_digest(*added[0]), list(columns[_WHOLE_ROW:]),
@@ -994,19 +1002,7 @@ class History:
             found = conn.execute("SELECT undo, stored_cid FROM archive WHERE id=?", (row_id,)).fetchone()
             if found is None:  # pragma: no cover - the id was just read
                 raise DwnError("StoreInternal", f"archive row {row_id} vanished", 500)
-            undo, stored_cid = _opt_bytes(found[0]) or b"", found[1]
-            if undo.startswith(_INSERTED_ROW):
-                self._delete_inserted(tid, str(stored_cid), undo[len(_INSERTED_ROW):])
-                touched.add(str(stored_cid))
-            elif undo.startswith(_INSERTED_ROW_AND_DATA):
-                rest = undo[len(_INSERTED_ROW_AND_DATA):]
-                self._delete_inserted(tid, str(stored_cid), rest[:-8], data_row=int.from_bytes(rest[-8:], "big"))
-                touched.add(str(stored_cid))
-            elif undo.startswith(_UPDATED_RECORD):
-                self._undo_update(tid, undo[len(_UPDATED_RECORD):], touched)
-            elif undo:
-                _collect_cids(undo, touched)
-                apsw.Changeset.apply(undo, conn)
+            self._undo(tid, _opt_bytes(found[0]) or b"", str(found[1]), touched)
         # 2. forth: the affected messages in canonical order; the event log stays put
         rows = [self._row(row_id) for row_id in affected]
         processed = 0
@@ -1015,14 +1011,13 @@ class History:
             for row in rows:
                 message = json.loads(row.body)
                 withheld = self._withheld(tid, row)
-                reply, undo = self._recorded(tenant, message, row.data, withheld=withheld)
+                reply, undo = self._again(tenant, message, row, withheld)
                 processed += 1
                 touched.add(row.stored_cid)
-                if undo:
-                    _collect_cids(undo, touched)
+                _undo_cids(undo, touched)
                 if row.cid == placing and at_place is not None and not at_place(reply):
                     if undo:  # a refusal changes nothing; should it have, undo it now
-                        apsw.Changeset.apply(undo, conn)
+                        self._undo(tid, undo, row.stored_cid, touched)
                     conn.execute("DELETE FROM archive WHERE id=?", (row.id,))
                     conn.execute("DELETE FROM archive_keys WHERE row=?", (row.id,))
                     continue
@@ -1038,6 +1033,32 @@ class History:
         self.warps += 1
         self.replayed += processed
         return processed
+
+    def _again(self, tenant: str, message: Message, row: _Row, withheld: bool) -> tuple[Reply, bytes]:
+        """Process an archived message again in a warp; (the reply, what undoes it). An initial
+        write or a later write of a record takes the compact undo it would take appended
+        (checked as there, with the log frozen), anything else a session's changeset."""
+        if row.initial:
+            return self._appended(tenant, message, row.data, row.cid, withheld)
+        if not withheld:
+            return self._updated(tenant, message, row.data, row.cid)
+        return self._recorded(tenant, message, row.data, withheld=withheld)
+
+    def _undo(self, tid: int, undo: bytes, stored_cid: str, touched: set[str]) -> None:
+        """Apply a message's undo (any kind), adding the stored CIDs it puts back or removes to
+        ``touched``. Raises ``apsw.AbortError`` where a row is not as the message left it."""
+        if undo.startswith(_INSERTED_ROW):
+            self._delete_inserted(tid, stored_cid, undo[len(_INSERTED_ROW):])
+            touched.add(stored_cid)
+        elif undo.startswith(_INSERTED_ROW_AND_DATA):
+            rest = undo[len(_INSERTED_ROW_AND_DATA):]
+            self._delete_inserted(tid, stored_cid, rest[:-8], data_row=int.from_bytes(rest[-8:], "big"))
+            touched.add(stored_cid)
+        elif undo.startswith(_UPDATED_RECORD):
+            self._undo_update(tid, undo[len(_UPDATED_RECORD):], touched)
+        elif undo:
+            _collect_cids(undo, touched)
+            apsw.Changeset.apply(undo, self.store.conn)
 
     def _delete_inserted(self, tid: int, stored_cid: str, digest: bytes, data_row: int | None = None) -> None:
         """Undo an :meth:`_appended` initial write: delete its row, which must be as stored,
@@ -1227,6 +1248,8 @@ _RECORD_HAS_DATA_SQL: Final = "SELECT EXISTS(SELECT 1 FROM data WHERE tenant=? A
 # What storing one message changes, as the connection counts it: its ``messages`` row, the
 # set-journal row its trigger writes, the tenant's next log position, the log entry.
 _STORED_ONE_ROW: Final = 4
+# The same while the event log is frozen (a warp processing messages again): no position, no entry.
+_STORED_ONE_ROW_FROZEN: Final = 2
 # Data larger than this is kept out of line, in the data store (dwn-sdk-js 0.5.2's
 # DwnConstant.maxDataSizeAllowedToBeEncoded; handlers/records.py).
 _MAX_DATA_SIZE_ENCODED: Final = 30_000
@@ -1444,6 +1467,17 @@ def signature_payload(message: Message) -> dict[str, Any]:
 
 class _RollBack(Exception):
     """Raised inside a savepoint to undo what a dry run did."""
+
+
+def _undo_cids(undo: bytes, into: set[str]) -> None:
+    """The stored CIDs, besides the message's own, whose rows applying ``undo`` puts back or
+    removes: a changeset's ``messages`` inserts and deletes, a later write's superseded rows."""
+    if undo.startswith(_UPDATED_RECORD):
+        _, _, columns, removed, _ = cbor2.loads(undo[len(_UPDATED_RECORD):])
+        cid_at = columns.index("cid")
+        into.update(values[cid_at] for values in removed)
+    elif undo and not undo.startswith((_INSERTED_ROW, _INSERTED_ROW_AND_DATA)):
+        _collect_cids(undo, into)
 
 
 def _collect_cids(changeset: bytes, into: set[str]) -> None:

@@ -124,8 +124,10 @@ def _cpu_s(peer: Any = None) -> float:
     return usage.ru_utime + usage.ru_stime + float(getattr(getattr(peer, "ahead", None), "worker_cpu", 0.0))
 
 
-def build(path: Path, count: int, size: int) -> None:
-    """``count`` records by alice with ``size`` bytes each (distinct data), committed in batches."""
+def build(path: Path, count: int, size: int, updates: int = 0) -> None:
+    """``count`` records by alice with ``size`` bytes each (distinct data), committed in batches;
+    each then written again ``updates`` times with new data of that size (its log keeps the
+    initial write, without data, and the latest)."""
     if path.exists():
         return
     tmp = path.with_suffix(".building")
@@ -152,6 +154,12 @@ def build(path: Path, count: int, size: int) -> None:
                                             message_timestamp=now, date_created=now)
                 reply = dwn.process_message(ALICE.did, write.message, data)
                 assert reply.code == 202, reply.detail
+                for u in range(updates):
+                    data = (f"update {u:03d} ".encode() + data)[:size]
+                    write = RecordsWrite.create_from(write.message, signer=ALICE, data=data,
+                                                     message_timestamp=clock.tick())
+                    reply = dwn.process_message(ALICE.did, write.message, data)
+                    assert reply.code == 202, reply.detail
         if start and start % 10000 == 0:
             print(f"  built {start:,} records ({time.perf_counter() - started:.0f} s)", file=sys.stderr)
     store.close()

@@ -1,6 +1,6 @@
 """The syncing side of a pull in instructions a message: a figure the machine's load does not move.
 
-    .venv/bin/python tests/bench/bench_sync_instructions.py [--count 1000] [--cache DIR]
+    .venv/bin/python tests/bench/bench_sync_instructions.py [--count 1000] [--updates 0] [--cache DIR]
 
 On these VMs the wall and CPU figures of tests/bench/bench_peer.py move by 10-30% between runs
 minutes apart (the yardstick V too: 6,100-8,600 verifies a CPU second within one hour, the two
@@ -16,7 +16,9 @@ instructions of one Ed25519 verify with ``cryptography`` (V's operation), counte
 (1,000 verifies less none, over 1,000). Prints both and their ratio, "instruction-verifies" a
 message: issue #17's syncing-side row in a unit that holds still (it is not the same number as
 bench_peer's, which is in CPU time: libsodium runs more instructions per second than Python).
-Takes ~3 minutes for the default count.
+Takes ~3 minutes for the default count. ``--updates K``: each record was written again K times
+before the pull (the source's log holds its initial write, without data, and its latest write:
+two messages a record, half of them updates), for the cost of a record's later writes.
 """
 
 from __future__ import annotations
@@ -84,27 +86,41 @@ def pull_instructions(source: Path) -> int:
             server.wait(timeout=60)
 
 
-def store(cache: Path, count: int) -> Path:
-    path = cache / f"small-{count}x1024.db"
+def store(cache: Path, count: int, updates: int = 0) -> Path:
+    path = cache / (f"small-{count}x1024.db" if not updates else f"updated-{count}x{updates}x1024.db")
     if not path.exists():
-        build(path, count, 1024)
+        build(path, count, 1024, updates)
         fold_journal(path, count)
     return path
+
+
+def logged(path: Path) -> int:
+    """How many messages a pull of the store moves: its log's entries."""
+    import apsw
+
+    conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        return int(conn.execute("SELECT count(*) FROM events").fetchone()[0])
+    finally:
+        conn.close()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--count", type=int, default=1000)
+    ap.add_argument("--updates", type=int, default=0, help="later writes of each record before the pull")
     ap.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "p2psync-bench-instructions")
     args = ap.parse_args()
     args.cache.mkdir(parents=True, exist_ok=True)
-    one, two = store(args.cache, args.count), store(args.cache, 2 * args.count)
+    one, two = store(args.cache, args.count, args.updates), store(args.cache, 2 * args.count, args.updates)
+    moved_one, moved_two = logged(one), logged(two)
     verify = verify_instructions()
     small, large = pull_instructions(one), pull_instructions(two)
-    per_message = (large - small) / args.count
+    per_message = (large - small) / (moved_two - moved_one)
     print(f"yardstick: one Ed25519 verify with cryptography = {verify:,.0f} instructions")
-    print(f"pull of {args.count:,} and {2 * args.count:,} x 1 KiB: the syncing process ran {small:,} and {large:,}"
-          f" instructions")
+    shape = f", each written {args.updates + 1} times" if args.updates else ""
+    print(f"pull of {args.count:,} and {2 * args.count:,} records x 1 KiB{shape} ({moved_one:,} and {moved_two:,}"
+          f" messages): the syncing process ran {small:,} and {large:,} instructions")
     print(f"syncing side: {per_message:,.0f} instructions a message = {per_message / verify:.2f} instruction-verifies")
     print(json.dumps({"verify": round(verify), "per_message": round(per_message),
                       "ratio": round(per_message / verify, 3)}))

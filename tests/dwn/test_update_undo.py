@@ -37,8 +37,10 @@ def _without_undo(tables: dict[str, list[tuple[Any, ...]]], dwn: Dwn) -> dict[st
     return {**tables, "archive": [row[:at] + row[at + 1:] for row in tables["archive"]]}
 
 
-def _undos(dwn: Dwn) -> list[bytes]:
-    return [bytes(u) for (u,) in dwn.store.conn.execute("SELECT undo FROM archive ORDER BY id")]
+def _undos(dwn: Dwn, *, records: bool = False) -> list[bytes]:
+    """The archive's undo records (``records``: of Records messages only), in archive order."""
+    where = " WHERE record_id IS NOT NULL" if records else ""
+    return [bytes(u) for (u,) in dwn.store.conn.execute(f"SELECT undo FROM archive{where} ORDER BY id")]
 
 
 def record_world() -> tuple[World, list[Step]]:
@@ -105,7 +107,9 @@ def test_a_late_update_takes_back_the_later_ones_and_ends_canonical(tmp_path: Pa
         one_by_one(canonical, w.steps)
         results = one_by_one(dwn, arrived)
         history: History = dwn.history
-        assert history.updates_compact == 4  # v1, v3, v4, v5 sorted last when they came
+        # v1, v3, v4, v5 sorted last when they came; the warp processed v2 at its place and
+        # v3, v4, v5 again after it, each with a compact undo too
+        assert history.updates_compact == 8
         assert history.warps == 1 and history.fallbacks == 0
         assert results[-1].kind != "Applied"  # v5 supersedes it at its place
         assert snapshot(dwn.store, ALICE.did) == snapshot(canonical.store, ALICE.did)
@@ -226,3 +230,31 @@ def test_updates_in_any_order_end_canonical(
         assert dwn.history.fallbacks == 0
         assert snapshot(dwn.store, ALICE.did) == snapshot(canonical.store, ALICE.did)
         assert dwn.history.verify(ALICE.did) == CLEAN
+
+
+def test_a_catch_up_of_updated_records_warps_with_compact_undos(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a device catching up receives for a record updated since: its initial write without
+    data (the source superseded it), then its latest write. The latest write warps (the initial
+    write is processed again as the record's state without data), and the warp's processing
+    takes compact undos too; the store ends as the session path leaves it."""
+    w = World()
+    arrived: list[Step] = [w.steps[0]]
+    for i in range(4):
+        first = w.write(BOB if i % 2 else CAROL, f"r{i} v0".encode(), sent=False)
+        latest = w.update(first, BOB if i % 2 else CAROL, f"r{i} v1".encode())
+        arrived += [first, latest]
+    with opened(tmp_path / "compact.db") as compact, opened(tmp_path / "session.db") as session:
+        history = session.history
+        monkeypatch.setattr(history, "_again", lambda tenant, message, row, withheld:
+                            history._recorded(tenant, message, row.data, withheld=withheld))
+        _sessions_only(monkeypatch, session)
+        got, expected = one_by_one(compact, arrived), one_by_one(session, arrived)
+        assert [r.kind for r in got] == [r.kind for r in expected] == ["Applied"] * len(arrived)
+        assert compact.history.warps == 4 and compact.history.fallbacks == 0
+        assert _without_undo(dump(compact.store), compact) == _without_undo(dump(session.store), session)
+        # Every record's undo in the archive is a compact one: no session was needed.
+        assert all(u[:1] == b"\x00" for u in _undos(compact, records=True))
+        assert any(u.startswith((b"T", b"P")) for u in _undos(session, records=True))  # changesets there
+        assert compact.history.verify(ALICE.did) == CLEAN
