@@ -613,6 +613,33 @@ class History:
             if before is None or before[1]:
                 return self._recorded(tenant, message, data, withheld=withheld)
             last_data = _int(before[0])
+
+        def undo_of(changes: int) -> bytes | None:
+            journal = conn.execute(_JOURNALED_ROWS_SQL, (seq,)).fetchall()
+            if len(journal) != 1:
+                return None
+            journaled_tid, journaled_cid, delta, body, indexes = journal[0]
+            if (journaled_tid, journaled_cid, delta) != (tid, stored_cid, 1) or body is None:
+                return None
+            digest = _row_digest(body, indexes)
+            if changes == one_row and data_key is None:
+                return _INSERTED_ROW + digest
+            if changes == one_row + 1 and data_key is not None:
+                added = conn.execute(_DATA_AFTER_SQL, (last_data,)).fetchall()
+                if len(added) == 1 and tuple(added[0][1:]) == (tid, *data_key):
+                    return _INSERTED_ROW_AND_DATA + digest + _int(added[0][0]).to_bytes(8, "big")
+            return None
+
+        return self._checked(tenant, message, data, withheld, undo_of)
+
+    def _checked(
+        self, tenant: str, message: Message, data: bytes | None, withheld: bool,
+        undo_of: Callable[[int], bytes | None],
+    ) -> tuple[Reply, bytes]:
+        """Process under a savepoint; ``undo_of(changes)`` reads what the processing changed
+        (``changes``: the connection's count of rows it changed) and gives its compact undo, or
+        None: then the processing is rolled back and done again under a session."""
+        conn = self.store.conn
         changes = conn.total_changes()
         try:
             with self.store.transaction():
@@ -620,17 +647,9 @@ class History:
                 changes = conn.total_changes() - changes
                 if changes == 0:
                     return reply, b""  # refused before writing anything
-                journal = conn.execute(_JOURNALED_ROWS_SQL, (seq,)).fetchall()
-                if len(journal) == 1:
-                    journaled_tid, journaled_cid, delta, body, indexes = journal[0]
-                    if (journaled_tid, journaled_cid, delta) == (tid, stored_cid, 1) and body is not None:
-                        digest = _row_digest(body, indexes)
-                        if changes == one_row and data_key is None:
-                            return reply, _INSERTED_ROW + digest
-                        if changes == one_row + 1 and data_key is not None:
-                            added = conn.execute(_DATA_AFTER_SQL, (last_data,)).fetchall()
-                            if len(added) == 1 and tuple(added[0][1:]) == (tid, *data_key):
-                                return reply, _INSERTED_ROW_AND_DATA + digest + _int(added[0][0]).to_bytes(8, "big")
+                undo = undo_of(changes)
+                if undo is not None:
+                    return reply, undo
                 raise _RollBack
         except _RollBack:
             pass
@@ -666,21 +685,15 @@ class History:
         before = {row[0]: row for row in conn.execute(_RECORD_ROWS_SQL, (tid, record_id))}
         columns = self._record_rows_columns()
         seq = self.store.scalar("SELECT coalesce(max(seq), 0) FROM set_journal")
-        changes = conn.total_changes()
-        try:
-            with self.store.transaction():
-                reply = self._process(tenant, message, data, False)
-                changes = conn.total_changes() - changes
-                if changes == 0:
-                    return reply, b""  # refused before writing anything
-                undo = self._update_undo(tid, record_id, _stored_cid(message, cid), columns, before, seq, changes)
-                if undo is not None:
-                    self.updates_compact += 1
-                    return reply, undo
-                raise _RollBack
-        except _RollBack:
-            pass
-        return self._recorded(tenant, message, data, withheld=False)
+        stored_cid = _stored_cid(message, cid)
+
+        def undo_of(changes: int) -> bytes | None:
+            undo = self._update_undo(tid, record_id, stored_cid, columns, before, seq, changes)
+            if undo is not None:
+                self.updates_compact += 1
+            return undo
+
+        return self._checked(tenant, message, data, False, undo_of)
 
     def _record_rows_columns(self) -> tuple[str, ...]:
         """The names of :data:`_RECORD_ROWS_SQL`'s columns (the schema is settled on open)."""
