@@ -2,6 +2,7 @@
 by one and in runs.
 
     .venv/bin/python tests/bench/bench_apply_in_order.py [--count 3000] [--batch 200] [--rounds 3]
+        [--updates 0] [--instructions]
 
 ``--count`` signed 1 KiB RecordsWrite (new records, each sorting after everything the tenant
 holds: what a pull in log order applies) go into a fresh store ``--batch`` to a commit (a
@@ -15,11 +16,19 @@ Prints the yardstick V (Ed25519 verifies/s on one core, same run), each way's CP
 (best of the rounds, and every round) and in verifies, the rate over V, and the SQL statements
 each way runs a message (counted by an apsw exec trace on a further pass, so the count does not
 slow the timed ones).
+
+``--updates K``: each record is written K times more after its initial write, in log order
+(what a device following edits applies); ``--count`` counts every message. ``--instructions``:
+instead of timing, the ``runs`` way's instructions a message under valgrind's callgrind (the
+apply of ``--count`` messages less the apply of half as many, over the difference; authored
+once, outside the count), a figure the machine's load does not move.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import pickle
 import sys
 import tempfile
 import time
@@ -47,22 +56,29 @@ from tests.replication.support import Clock, seeded  # noqa: E402
 ALICE = seeded("bench-alice")
 
 
-def author(count: int, clock: Clock) -> list[tuple[dict[str, Any], bytes, str]]:
-    """``count`` new records: (message, data, CID) each."""
-    out = []
-    for i in range(count):
+def author(count: int, clock: Clock, updates: int = 0) -> list[tuple[dict[str, Any], bytes, str]]:
+    """``count`` messages: new records, each followed by ``updates`` later writes of it with new
+    data; (message, data, CID) each."""
+    out: list[tuple[dict[str, Any], bytes, str]] = []
+    i = 0
+    while len(out) < count:
         now = clock.tick()
         data = (f"record {i:09d} ".encode() * 80)[:1024]
         write = RecordsWrite.create(signer=ALICE, data=data, schema="https://p2psync.example/bench",
                                     data_format="application/octet-stream", message_timestamp=now, date_created=now)
         out.append((write.message, data, message_cid(write.message)))
+        for u in range(min(updates, count - len(out))):
+            data = (f"update {i:09d} {u:05d} ".encode() * 80)[:1024]
+            write = RecordsWrite.create_from(write.message, signer=ALICE, data=data, message_timestamp=clock.tick())
+            out.append((write.message, data, message_cid(write.message)))
+        i += 1
     return out
 
 
-def wire_bodies(count: int, clock: Clock) -> list[bytes]:
-    """``count`` new records as MessageEntry bodies (CBOR, each message in its wire form)."""
+def wire_bodies(count: int, clock: Clock, updates: int = 0) -> list[bytes]:
+    """``count`` messages (:func:`author`) as MessageEntry bodies (CBOR, each message in its wire form)."""
     return [cbor2.dumps({"message": cbor2.loads(dag_cbor_encode(message)), "data": data, "dataSize": len(data)})
-            for message, data, _ in author(count, clock)]
+            for message, data, _ in author(count, clock, updates)]
 
 
 def received(body: bytes) -> RunEntry:
@@ -109,12 +125,52 @@ def apply_all(dwn: Dwn, bodies: list[bytes], batch: int, way: Callable[[Dwn, lis
 WAYS: dict[str, Callable[[Dwn, list[RunEntry]], None]] = {"alone": alone, "runs": in_runs}
 
 
+def apply_only(path: str, n: int, batch: int) -> None:
+    """(What callgrind runs.) Apply the first ``n`` bodies pickled at ``path`` the ``runs`` way,
+    the first alone (it makes the tenant)."""
+    bodies = pickle.loads(Path(path).read_bytes())[:n]
+    with tempfile.TemporaryDirectory() as tmp:
+        dwn = Dwn(Store(Path(tmp) / "replica.db"))
+        apply_all(dwn, bodies[:1], 1, alone)
+        apply_all(dwn, bodies[1:], batch, in_runs)
+        dwn.close()
+
+
+def instructions(count: int, batch: int, updates: int) -> None:
+    from tests.bench.bench_sync_instructions import callgrind, verify_instructions
+
+    clock = Clock("2030-01-01T00:00:00.000000Z")
+    bodies = wire_bodies(1, clock) + wire_bodies(count, clock, updates)
+    half = count // 2
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "bodies.pickle"
+        path.write_bytes(pickle.dumps(bodies))
+        command = [sys.executable, str(Path(__file__).resolve()), "--apply-only", str(path)]
+        small = callgrind([*command, str(1 + half), str(batch)], env=env)
+        large = callgrind([*command, str(1 + count), str(batch)], env=env)
+    verify = verify_instructions()
+    per_message = (large - small) / (count - half)
+    shape = f", each record written {updates + 1} times" if updates else ""
+    print(f"yardstick: one Ed25519 verify with cryptography = {verify:,.0f} instructions")
+    print(f"runs way, {half:,} and {count:,} x 1 KiB in log order{shape}, {batch} a commit: {small:,} and {large:,}"
+          f" instructions; {per_message:,.0f} a message = {per_message / verify:.2f} instruction-verifies")
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--apply-only"]:
+        apply_only(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+        return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--count", type=int, default=3000)
     ap.add_argument("--batch", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--updates", type=int, default=0, help="later writes of each record, after it")
+    ap.add_argument("--instructions", action="store_true", help="count instructions under callgrind instead")
     args = ap.parse_args()
+    if args.instructions:
+        instructions(args.count, args.batch, args.updates)
+        return
     clock = Clock("2030-01-01T00:00:00.000000Z")
     first = wire_bodies(1, clock)
     cpu: dict[str, list[float]] = {name: [] for name in WAYS}
@@ -124,7 +180,7 @@ def main() -> None:
     reports = []
     for _ in range(args.rounds):
         for name, way in WAYS.items():
-            timed = wire_bodies(args.count, clock)
+            timed = wire_bodies(args.count, clock, args.updates)
             with tempfile.TemporaryDirectory() as tmp:
                 dwn = Dwn(Store(Path(tmp) / "replica.db"))
                 apply_all(dwn, first, 1, alone)  # the tenant exists, as in a pull's second listing
@@ -139,16 +195,18 @@ def main() -> None:
                         return True
 
                     dwn.store.conn.exec_trace = trace
-                    apply_all(dwn, wire_bodies(traced, clock), args.batch, way)
+                    apply_all(dwn, wire_bodies(traced, clock, args.updates), args.batch, way)
                     dwn.store.conn.exec_trace = None
                 reports.append(dwn.history.verify(ALICE.did))
                 dwn.close()
     print(f"yardstick V = {v:,.0f} Ed25519 verifies/s on one core, measured now")
+    shape = f" (each record written {args.updates + 1} times)" if args.updates else ""
     for name in WAYS:
         best = min(cpu[name])
         rounds = " ".join(f"{c * 1e6:,.0f}" for c in cpu[name])
-        print(f"{name:>5}: {args.count} x 1 KiB in log order, {args.batch} a commit: {best * 1e6:,.0f} us CPU a message"
-              f" (rounds: {rounds}) = {best * v:.2f} verifies; {1 / best:,.0f} msg/s = {1 / best / v:.3f} V;"
+        print(f"{name:>5}: {args.count} x 1 KiB in log order{shape}, {args.batch} a commit:"
+              f" {best * 1e6:,.0f} us CPU a message (rounds: {rounds}) = {best * v:.2f} verifies;"
+              f" {1 / best:,.0f} msg/s = {1 / best / v:.3f} V;"
               f" {sum(statements[name].values()) / traced:.1f} SQL statements a message")
     best_alone, best_runs = min(cpu["alone"]), min(cpu["runs"])
     print(f"runs over alone: {best_runs / best_alone:.3f} of the CPU a message")
