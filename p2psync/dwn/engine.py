@@ -112,16 +112,7 @@ class Dwn:
     ) -> list[ReplicationApplyResult]:
         """Apply the leading run of initial writes of ``entries`` together, inside the caller's
         write transaction; see :func:`p2psync.dwn.replicated.apply_replicated_run`."""
-        # Which entries may form a run does not depend on their members' order: look first,
-        # so that a batch of updates (none can) costs no ordering of the entries after each.
-        candidates = replicated.run_candidates(entries)
-        if len(candidates) < replicated.MIN_RUN:
-            return []
-        ordered = []
-        for entry in candidates:
-            message = in_dag_cbor_order(entry.message)
-            ordered.append(entry if message is entry.message else entry._replace(message=message))
-        return replicated.apply_replicated_run(self, tenant, ordered)
+        return replicated.apply_replicated_run(self, tenant, entries)
 
     def process_message(self, tenant: str, message: Any, data: bytes | None = None) -> Reply:
         """Process one message (with its data for a RecordsWrite) and answer like the reference.

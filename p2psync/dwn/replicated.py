@@ -54,7 +54,7 @@ from p2psync.dwn.canonical import (
     sort_key,
 )
 from p2psync.dwn.datacid import data_cid as compute_data_cid
-from p2psync.dwn.encoding import message_cid
+from p2psync.dwn.encoding import in_dag_cbor_order, message_cid
 from p2psync.dwn.errors import DwnError
 from p2psync.dwn.generic_message import get_author, get_newest_message
 from p2psync.dwn.handlers.records import STAGE_ERRORS, parse_signed_records_message
@@ -257,9 +257,13 @@ def apply_replicated_run(
     none (a run that did not store exactly what it should is rolled back whole and returns none).
     Inside the caller's write transaction (the group commit's), never beside it.
     """
-    run = run_candidates(entries)
+    # Which entries may form a run does not depend on their members' order: looked at first,
+    # so that a batch of updates (none can) costs no ordering of the entries after each.
+    run = _run_candidates(entries)
     if len(run) < MIN_RUN or not isinstance(tenant, str) or not tenant or not _tenant_active(dwn, tenant):
         return []
+    run = [entry._replace(message=message) if (message := in_dag_cbor_order(entry.message)) is not entry.message
+           else entry for entry in run]
     held = _held(dwn.store, tenant, [entry.cid for entry in run])
     if held:
         run = run[: next(i for i, entry in enumerate(run) if entry.cid in held)]
@@ -285,7 +289,7 @@ def apply_replicated_run(
     return results
 
 
-def run_candidates(entries: Sequence[RunEntry]) -> list[RunEntry]:
+def _run_candidates(entries: Sequence[RunEntry]) -> list[RunEntry]:
     """The leading entries that may form a run, by what a look at each tells (its descriptor is
     a RecordsWrite's, dated as an initial write is, in increasing canonical order); whether each
     really is its record's initial write is checked when it is processed."""

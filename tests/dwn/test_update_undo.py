@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from p2psync.dwn.canonical import _UPDATED_RECORD, History
 from p2psync.dwn.engine import Dwn
 from p2psync.dwn.records import create_records_delete
+from p2psync.dwn.records_write import RecordsWrite
 from tests.dwn.test_replicated_run import ALICE, BOB, CAROL, World, dump, one_by_one, opened
 from tests.replication.support import CHAT_DEFINITION, Step, snapshot
 
@@ -62,15 +63,12 @@ def record_world() -> tuple[World, list[Step]]:
         updates.append(thread := w.update(thread, BOB, f"thread v{i + 1}".encode()))
     updates.append(w.update(empty, CAROL, b"no longer empty"))
     updates.append(w.update(chat, CAROL, b"hi again"))  # not carol's to update: refused
-    kept = RecordsWrite_without_data(w, note)
-    updates.append(kept)
+    updates.append(republished(w, note))
     return w, updates
 
 
-def RecordsWrite_without_data(w: World, of: Step) -> Step:  # noqa: N802 - reads as what it makes
+def republished(w: World, of: Step) -> Step:
     """A newer write of ``of``'s record that sends no data: the record keeps its data."""
-    from p2psync.dwn.records_write import RecordsWrite
-
     write = RecordsWrite.create_from(of.message, signer=BOB, published=True, message_timestamp=w.clock.tick())
     return w._add(Step(f"publish-{len(w.steps)}", write.message, None))
 
