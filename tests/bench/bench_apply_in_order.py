@@ -2,7 +2,7 @@
 by one and in runs.
 
     .venv/bin/python tests/bench/bench_apply_in_order.py [--count 3000] [--batch 200] [--rounds 3]
-        [--updates 0] [--instructions]
+        [--updates 0] [--instructions | --sql-time]
 
 ``--count`` signed 1 KiB RecordsWrite (new records, each sorting after everything the tenant
 holds: what a pull in log order applies) go into a fresh store ``--batch`` to a commit (a
@@ -21,7 +21,8 @@ slow the timed ones).
 (what a device following edits applies); ``--count`` counts every message. ``--instructions``:
 instead of timing, the ``runs`` way's instructions a message under valgrind's callgrind (the
 apply of ``--count`` messages less the apply of half as many, over the difference; authored
-once, outside the count), a figure the machine's load does not move.
+once, outside the count), a figure the machine's load does not move. ``--sql-time``: instead,
+the ``runs`` way's SQLite time a message, statement by statement (apsw's profile hook).
 """
 
 from __future__ import annotations
@@ -157,6 +158,36 @@ def instructions(count: int, batch: int, updates: int) -> None:
           f" instructions; {per_message:,.0f} a message = {per_message / verify:.2f} instruction-verifies")
 
 
+def sql_time(count: int, batch: int, updates: int) -> None:
+    """The runs way's SQLite time by statement (apsw's profile hook), over a second ``count``
+    messages after a first ``count`` filled the store. SQLite times a statement with its VFS's
+    clock, in whole milliseconds on Unix: a statement's figure is how often its runs crossed a
+    millisecond, unbiased over many runs but coarse for one seldom run."""
+    clock = Clock("2030-01-01T00:00:00.000000Z")
+    bodies = wire_bodies(1, clock) + wire_bodies(2 * count, clock, updates)
+    elapsed: Counter[str] = Counter()
+    runs: Counter[str] = Counter()
+
+    def profile(sql: str, nanoseconds: int) -> None:
+        statement = " ".join(sql.split())[:72]
+        elapsed[statement] += nanoseconds
+        runs[statement] += 1
+
+    with tempfile.TemporaryDirectory() as tmp:
+        dwn = Dwn(Store(Path(tmp) / "replica.db"))
+        apply_all(dwn, bodies[: 1 + count], batch, in_runs)
+        dwn.store.conn.set_profile(profile)
+        started = time.process_time()
+        apply_all(dwn, bodies[1 + count :], batch, in_runs)
+        cpu = (time.process_time() - started) / count
+        dwn.store.conn.set_profile(None)
+        dwn.close()
+    print(f"runs way, {count:,} x 1 KiB after {count:,}, {batch} a commit: {cpu * 1e6:,.0f} us CPU a message"
+          f" (with the hook); SQLite {sum(elapsed.values()) / count / 1000:,.1f} us a message (wall clock):")
+    for statement, ns in elapsed.most_common(12):
+        print(f"  {ns / count / 1000:6.1f} us  {runs[statement] / count:5.2f} a message  {statement}")
+
+
 def main() -> None:
     if sys.argv[1:2] == ["--apply-only"]:
         apply_only(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
@@ -167,9 +198,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--updates", type=int, default=0, help="later writes of each record, after it")
     ap.add_argument("--instructions", action="store_true", help="count instructions under callgrind instead")
+    ap.add_argument("--sql-time", action="store_true", help="where SQLite's time goes, statement by statement, instead")
     args = ap.parse_args()
     if args.instructions:
         instructions(args.count, args.batch, args.updates)
+        return
+    if args.sql_time:
+        sql_time(args.count, args.batch, args.updates)
         return
     clock = Clock("2030-01-01T00:00:00.000000Z")
     first = wire_bodies(1, clock)
