@@ -239,7 +239,7 @@ def archived_without_data(store: Store, tenant: str, cids: Iterable[str]) -> set
 
 _WITHOUT_DATA_SQL: Final = (
     "SELECT 1 FROM archive WHERE tenant=? AND cid=? AND data IS NULL AND data_in IS NULL"
-    " AND json_extract(body, '$.descriptor.dataSize') > 0"
+    " AND json_extract(body, '$.descriptor.dataSize') >= 0"
 )
 
 
@@ -1179,16 +1179,26 @@ class History:
         """One event-log entry per stored message, and per superseded definition accepted at
         its place (:func:`superseded_definitions`); positions of those already listed kept."""
         conn, events = self.store.conn, self.store.events
-        newly: list[tuple[str, str, str]] = []  # (sort key, cid as sent, stored cid)
+        # The log names a message by its CID as sent, which two stored CIDs can share: a 0-byte
+        # record stored without its data (under that CID) and with it (`encodedData: ""`). So
+        # decide per log CID, not per stored CID: when its data came, the first is gone and the
+        # second new, and the entry stays, in whatever order the two are looked at.
+        wanted: dict[str, tuple[str, str | None]] = {}  # cid as sent: (sort key, stored cid listed)
         for stored_cid in stored_cids:
             row = conn.execute(_BY_STORED_CID_SQL, (tid, stored_cid, tid, stored_cid)).fetchone()
             key, cid = (str(row[0]), str(row[1])) if row is not None else ("", stored_cid)
             listed = self.store.messages.has(tenant, stored_cid) or (
                 row is not None and conn.execute(_SUPERSEDED_DEFINITION_SQL, (tid, cid)).fetchone() is not None)
+            if listed:
+                wanted[cid] = (key, stored_cid)
+            else:
+                wanted.setdefault(cid, (key, None))
+        newly: list[tuple[str, str, str]] = []  # (sort key, cid as sent, stored cid)
+        for cid, (key, listed_as) in wanted.items():
             position = events.position_of(tenant, cid)
-            if listed and position is None:
-                newly.append((key, cid, stored_cid))
-            elif not listed and position is not None:
+            if listed_as is not None and position is None:
+                newly.append((key, cid, listed_as))
+            elif listed_as is None and position is not None:
                 events.delete_events_by_cid(tenant, [cid])
         for _, cid, stored_cid in sorted(newly):
             indexes = self.store.messages.get_indexes(tenant, stored_cid)

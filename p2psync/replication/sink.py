@@ -524,7 +524,7 @@ class Sink:
         held: set[str] = set()
         if listed:
             held = yield HeldMessages(self.tenant, tuple(t.message_cid for t, _ in listed),
-                                      tuple(t.message_cid for t, size in listed if size))
+                                      tuple(t.message_cid for t, size in listed if size is not None))
         again: set[str] = set()  # held here, taken anyway: nothing new to store
         if unnamed and self.scope is not None and self.scope.kind == "subset" and self.host.role_records:
             # A subset's configure travels even when held here (got from another peer, or

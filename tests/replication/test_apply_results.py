@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from p2psync.dwn import permissions
+from p2psync.dwn.canonical import History
 from p2psync.dwn.did import Identity
 from p2psync.dwn.encoding import b64url_encode, message_cid
 from p2psync.dwn.engine import Dwn
@@ -293,6 +294,45 @@ def test_duplicate_before_any_handler_and_repairs_a_missing_log_entry(replica: D
     assert_log_matches_messages(snapshot(replica.store, w.tenant))
     # the protocol's configure too (dedup is by CID, whatever the interface)
     assert apply(replica, w, s["protocol"]) == Duplicate()
+
+
+@pytest.mark.parametrize("order", ["sorted", "reversed"])
+def test_a_zero_byte_record_given_its_data_later_keeps_one_log_entry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, order: str
+) -> None:
+    """A 0-byte initial write admitted without its data is stored under its own CID; with its
+    data, under the CID its ``encodedData: ""`` gives. The warp that attaches the data changes
+    both stored CIDs, which share one log CID: the log keeps one entry for the message whichever
+    of the two it looks at first (a set's order, which moved with the hash seed)."""
+    looked: list[list[str]] = []
+    reconcile = History._reconcile_log
+
+    def in_order(self: History, tenant: str, tid: int, stored_cids: Any) -> None:
+        cids = sorted(stored_cids, reverse=order == "reversed")
+        looked.append(cids)
+        reconcile(self, tenant, tid, cids)
+
+    monkeypatch.setattr(History, "_reconcile_log", in_order)
+    alice, clock = seeded("zero-byte-alice"), Clock("2030-01-01T00:00:00.000000Z")
+    writes = []
+    for data in (b"", b"after it"):
+        now = clock.tick()
+        writes.append((RecordsWrite.create(signer=alice, data=data, message_timestamp=now, date_created=now), data))
+    (empty, _), (other, other_data) = writes
+    replica = Dwn(Store(tmp_path / "replica.db"))
+    assert replica.apply_replicated_message(alice.did, empty.message, None) == Superseded()
+    assert isinstance(replica.apply_replicated_message(alice.did, other.message, other_data), Applied)
+    assert isinstance(replica.apply_replicated_message(alice.did, empty.message, b""), Applied)
+    assert any(len(cids) == 2 for cids in looked)  # the warp did see both stored CIDs
+    assert replica.store.events.position_of(alice.did, empty.cid) is not None
+    assert_log_matches_messages(snapshot(replica.store, alice.did))
+    # and it is what a replica that got the data at once holds
+    direct = Dwn(Store(tmp_path / "direct.db"))
+    direct.apply_replicated_message(alice.did, empty.message, b"")
+    direct.apply_replicated_message(alice.did, other.message, other_data)
+    assert snapshot(replica.store, alice.did).messages == snapshot(direct.store, alice.did).messages
+    replica.close()
+    direct.close()
 
 
 def test_superseded_by_a_newer_write(replica: Dwn) -> None:

@@ -37,3 +37,22 @@ def test_held_finds_every_stored_message_by_its_log_cid_a_zero_byte_record_too(t
     assert service.run(HeldMessages(ALICE.did, (*absent, *logged))) == set(logged)
     assert service.run(HeldMessages("did:key:nobody", tuple(logged))) == set()
     store.close()
+
+
+def test_a_zero_byte_record_held_without_its_data_is_wanted_when_offered_with_it(tmp_path: Path) -> None:
+    """A 0-byte initial write admitted without its (empty) data, as a source that had dropped it
+    sends it, is not held when a listing offers it with data (``dataSize: 0``): it must come
+    again, or the replica keeps it without its data while the source holds it with."""
+    store = Store(tmp_path / "s.db")
+    dwn = Dwn(store)
+    ts = Clock().tick()
+    write = RecordsWrite.create(signer=ALICE, data=b"", message_timestamp=ts, date_created=ts)
+    assert dwn.apply_replicated_message(ALICE.did, write.message, None).kind == "Superseded"
+    service = StoreService(store, dwn=dwn, ledger=Ledger.for_store(store), copies=CheckpointCopies(store),
+                           committer=GroupCommitter(store))
+    cid = write.cid
+    assert service.run(HeldMessages(ALICE.did, (cid,))) == {cid}  # offered without data: held
+    assert service.run(HeldMessages(ALICE.did, (cid,), with_data=(cid,))) == set()
+    assert dwn.apply_replicated_message(ALICE.did, write.message, b"").kind == "Applied"
+    assert service.run(HeldMessages(ALICE.did, (cid,), with_data=(cid,))) == {cid}
+    store.close()
