@@ -34,7 +34,7 @@ from p2psync.dwn.store import Store, copy_store_files
 from p2psync.replication.hello import new_hello
 from p2psync.replication.protocol import ReplicationProtocol
 from p2psync.replication.scope import SyncScope
-from p2psync.state.authz import ReadAuthorizer
+from p2psync.state.authz import ReadAuthorizer, ReaderDecision
 from p2psync.state.committer import GroupCommitter
 from p2psync.state.copies import CheckpointCopies, store_id
 from p2psync.state.ledger import Ledger
@@ -64,6 +64,16 @@ def scenarios(tmp_path_factory: pytest.TempPathFactory) -> list[Scenario]:
         queries = [(s.tenant or "", s.message) for s in scenario.steps if s.op == "query"]
         out.append(Scenario(name, path, tenants, queries))
     return out
+
+
+_READER = ReadAuthorizer.reader
+
+
+def _as_owner(self: ReadAuthorizer, tenant: str, _reader: str, scope: SyncScope) -> ReaderDecision:
+    """The reader's decision as if the owner read: the scenarios' pulls read as the tenant.
+    Wraps the method as imported, not whatever is patched in now: hypothesis shares one
+    monkeypatch between its examples, and each would wrap the last."""
+    return _READER(self, tenant, tenant, scope)
 
 
 def _side(path: Path, name: str, *, active: bool, capabilities: tuple[str, ...]) -> Side:
@@ -107,9 +117,7 @@ def _pull_everything(
 @pytest.mark.parametrize("path_name", list(PATHS))
 def test_every_scenario_replicates_exactly_by_either_path(scenarios: list[Scenario], tmp_path: Path,
                                                           path_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    as_owner = ReadAuthorizer.reader
-    monkeypatch.setattr(ReadAuthorizer, "reader",
-                        lambda self, tenant, _reader, scope: as_owner(self, tenant, tenant, scope))
+    monkeypatch.setattr(ReadAuthorizer, "reader", _as_owner)
     assert len(scenarios) >= 25  # every scenario that stores something
     batched = in_runs = 0
     for number, scenario in enumerate(scenarios):
@@ -150,9 +158,7 @@ def test_any_head_start_batch_and_delivery_order_ends_identical(
     """A property over both paths: whatever the replica already held (any subset of the
     source's messages, admitted beforehand in any order, some without their data), the listing batch, the path the
     hellos negotiate and the delivery order, one pull leaves it holding what the source holds."""
-    as_owner = ReadAuthorizer.reader
-    monkeypatch.setattr(ReadAuthorizer, "reader",
-                        lambda self, tenant, _reader, scope: as_owner(self, tenant, tenant, scope))
+    monkeypatch.setattr(ReadAuthorizer, "reader", _as_owner)
     scenario = data.draw(st.sampled_from(scenarios), label="scenario")
     path_name = data.draw(st.sampled_from(list(PATHS)), label="path")
     batch = data.draw(st.integers(1, 8), label="batch")
