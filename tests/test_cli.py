@@ -12,6 +12,7 @@ import pytest
 
 from p2psync.cli import main
 from p2psync.demo import NOTES_PROTOCOL
+from p2psync.dwn.did import Identity
 
 
 def run(capsys: pytest.CaptureFixture[str], home: Path, *argv: str) -> tuple[int, str, str]:
@@ -80,6 +81,15 @@ def test_import_key_gives_the_same_tenant(tmp_path: Path, capsys: pytest.Capture
     assert run(capsys, a, "init", "--did-method", "jwk")[0] == 0
     assert run(capsys, b, "init", "--import-key", str(a / "identity.json"))[0] == 0
     assert run(capsys, a, "whoami")[1] == run(capsys, b, "whoami")[1]
+
+
+def test_import_key_refuses_an_ecdsa_identity(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An author may sign with secp256k1; a node may not: it proves its hellos with EdDSA."""
+    key = tmp_path / "k1.json"
+    key.write_text(json.dumps(Identity.generate("key", "secp256k1").to_jwk()))
+    code, _, err = run(capsys, tmp_path / "home", "init", "--import-key", str(key))
+    assert code == 1 and "secp256k1" in err and "Ed25519" in err
+    assert not (tmp_path / "home" / "identity.json").exists()
 
 
 def _demo_digests(stdout: str) -> dict[str, str]:

@@ -53,6 +53,9 @@ def cmd_init(args: argparse.Namespace) -> int:
                            f"expected {expected}") from None
         except (ValueError, TypeError, AttributeError) as exc:
             raise CliError(f"{args.import_key} is not an identity file ({exc}); expected {expected}") from None
+        if identity.algorithm != "Ed25519":
+            raise CliError(f"{args.import_key} holds a {identity.algorithm} key; a node's identity is Ed25519 "
+                           "(it proves its hellos with EdDSA)")
     else:
         identity = Identity.generate(args.did_method)
     try:

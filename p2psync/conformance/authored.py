@@ -39,9 +39,11 @@ INLINE_DATA_LIMIT = 4096
 Message = dict[str, Any]
 
 
-def persona(name: str, method: str = "key") -> Identity:
-    """A deterministic identity: the Ed25519 seed is sha256 of the persona's name."""
-    return Identity.from_private_bytes(hashlib.sha256(f"p2psync-persona:{name}".encode()).digest(), method)
+def persona(name: str, method: str = "key", algorithm: str = "Ed25519") -> Identity:
+    """A deterministic identity: the key (an Ed25519 seed, or an EC scalar for ``algorithm``
+    secp256k1 or P-256) is sha256 of the persona's name."""
+    return Identity.from_private_bytes(hashlib.sha256(f"p2psync-persona:{name}".encode()).digest(), method,
+                                       algorithm)
 
 
 class Builder:
@@ -54,9 +56,11 @@ class Builder:
         self._now = CLOCK_START
         self._seed = 0
 
-    def who(self, name: str, method: str = "key") -> Identity:
-        ident = persona(name, method)
+    def who(self, name: str, method: str = "key", algorithm: str = "Ed25519") -> Identity:
+        ident = persona(name, method, algorithm)
         self.personas[name] = {"did": ident.did, "method": f"did:{method}"}
+        if algorithm != "Ed25519":
+            self.personas[name]["algorithm"] = algorithm
         return ident
 
     def tick(self, seconds: int = 1) -> str:
@@ -297,7 +301,51 @@ def grants() -> dict[str, Any]:
     return b.doc()
 
 
-BUILDERS: list[Callable[[], dict[str, Any]]] = [records_lifecycle, protocols_and_roles, grants]
+def ecdsa_signers() -> dict[str, Any]:
+    b = Builder("p2psync-authored-ecdsa", "Messages signed with ECDSA by p2psync: secp256k1 (ES256K) under "
+                "did:key and did:jwk, P-256 (ES256) under did:jwk; owners, a protocol's anyone-can-create, a "
+                "foreign author refused, a signature moved to another signer's message refused.",
+                ["records", "protocols", "signatures", "p2psync-authored"])
+    carol = b.who("carol-k1", "key", "secp256k1")
+    dave = b.who("dave-k1", "jwk", "secp256k1")
+    erin = b.who("erin-p256", "jwk", "P-256")
+    written = []
+    for signer, size in ((carol, 0), (carol, 100), (carol, 31_000), (dave, 10), (erin, 2_000)):
+        w, _, carry = _write(b, signer, size, schema="https://p2psync.example/schemas/ecdsa")
+        b.step(signer, w.message, 202, f"{signer.algorithm} {signer.did[:7]} owner writes {size} bytes", carry=carry)
+        written.append(w)
+    data2, carry2 = b.data(50)
+    update = RecordsWrite.create_from(written[4].message, signer=erin, data=data2, message_timestamp=b.tick())
+    b.step(erin, update.message, 202, "P-256 owner updates its record", carry=carry2)
+    read = create_records_read(signer=carol, filter={"recordId": written[1].record_id}, message_timestamp=b.tick())
+    b.step(carol, read, 200, "secp256k1 did:key owner reads it back")
+    query = create_records_query(signer=dave, filter={"schema": "https://p2psync.example/schemas/ecdsa"},
+                                 message_timestamp=b.tick())
+    b.step(dave, query, 200, "secp256k1 did:jwk owner queries", op="query")
+    delete = create_records_delete(record_id=written[0].record_id, signer=carol, message_timestamp=b.tick())
+    b.step(carol, delete, 202, "secp256k1 owner deletes its 0-byte record")
+    w, _, carry = _write(b, erin, 10)
+    b.step(carol, w.message, 401, "a P-256 author may not write into carol's DWN without a protocol", carry=carry)
+    configure = ProtocolsConfigure.create(definition=CHAT_PROTOCOL, signer=carol, message_timestamp=b.tick()).message
+    b.step(carol, configure, 202, "secp256k1 owner installs the chat protocol")
+    raw = json.dumps({"title": "curves"}).encode()
+    ts = b.tick()
+    thread = RecordsWrite.create(signer=erin, data=raw, data_format="application/json",
+                                 protocol=CHAT_PROTOCOL["protocol"], protocol_path="thread",
+                                 schema="https://p2psync.example/schemas/thread", message_timestamp=ts, date_created=ts)
+    b.step(carol, thread.message, 202, "a P-256 author starts a thread (anyone may)",
+           carry={"data": b64url_encode(raw)})
+    # dave's signature on carol's message: the kid still names carol's key, the signature is dave's.
+    w, _, carry = _write(b, carol, 20)
+    forged = json.loads(json.dumps(w.message))
+    theirs = RecordsWrite.create(signer=dave, data=b"x", message_timestamp=b.tick(), date_created=b.tick(0))
+    forged["authorization"]["signature"]["signatures"][0]["signature"] = (
+        theirs.message["authorization"]["signature"]["signatures"][0]["signature"])
+    b.step(carol, forged, 401, "another signer's signature under carol's kid", carry=carry)
+    return b.doc()
+
+
+BUILDERS: list[Callable[[], dict[str, Any]]] = [records_lifecycle, protocols_and_roles, grants, ecdsa_signers]
 
 
 def record_engine_answers(doc: dict[str, Any]) -> None:

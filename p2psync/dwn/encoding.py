@@ -60,8 +60,11 @@ def b64url_encode(data: bytes) -> str:
 def b64url_decode(text: str) -> bytes:
     """Strict base64url decoding: no padding, no stray characters, canonical trailing bits.
 
-    The reference (multiformats' rfc4648 decoder) rejects all three, so a lenient decoder
-    would accept messages the reference refuses.
+    The reference (multiformats' rfc4648 decoder) rejects stray characters and non-canonical
+    trailing bits, so a lenient decoder would accept messages the reference refuses. It drops
+    trailing ``=`` before it reads; its schemas hold a JWS's members and the other base64url
+    members of a message to the unpadded alphabet, so there padding is refused before any
+    decoding. What no schema holds so, a JWK's members, is read with :func:`b64url_decode_jwk`.
     """
     # Only alphabet characters: deleting them all must leave nothing (cheaper than a regex).
     if not isinstance(text, str) or not text.isascii():
@@ -79,6 +82,12 @@ def b64url_decode(text: str) -> bytes:
         return binascii.a2b_base64(raw.translate(_B64URL_TO_STD) + _B64_PADDING[tail])
     except (binascii.Error, ValueError) as exc:
         raise DwnError("Base64UrlInvalid", str(exc), 400) from exc
+
+
+def b64url_decode_jwk(text: str) -> bytes:
+    """A JWK member's bytes as the reference's verifiers decode them: :func:`b64url_decode`
+    after any trailing ``=`` is dropped (multiformats' decoder does that first)."""
+    return b64url_decode(text.rstrip("=") if isinstance(text, str) else text)
 
 
 def data_b64url(data: bytes) -> str:

@@ -1,7 +1,9 @@
-"""General JWS (RFC 7515 §7.2.1) with EdDSA, as DWN messages carry their signatures.
+"""General JWS (RFC 7515 §7.2.1), as DWN messages carry their signatures.
 
 Signing input is ``protected.payload`` (both base64url); the protected header is the JSON
-``{"kid": …, "alg": "EdDSA"}``. Verification resolves ``kid`` against the signer's DID document.
+``{"kid": …, "alg": …}`` (``EdDSA``, ``ES256K`` or ``ES256``). Verification resolves ``kid``
+against the signer's DID document and, as the reference does, lets the key's JWK ``crv`` pick
+the algorithm, not the header's ``alg``.
 """
 
 from __future__ import annotations
@@ -9,18 +11,16 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from p2psync.dwn import ed25519, memo
-from p2psync.dwn.did import Identity, verification_key
+from p2psync.dwn import ecdsa, ed25519, memo
+from p2psync.dwn.did import Identity, PublicKey, verification_key
 from p2psync.dwn.encoding import b64url_decode, b64url_encode, b64url_json, json_compact
 from p2psync.dwn.errors import DwnError
-
-ALG_EDDSA = "EdDSA"
 
 
 def sign_payload(payload: dict[str, Any], signer: Identity) -> dict[str, Any]:
     """A General JWS over the JSON payload with one signature by ``signer``."""
     payload_b64 = b64url_encode(json_compact(payload).encode("utf-8"))
-    protected = b64url_encode(json_compact({"kid": signer.key_id, "alg": ALG_EDDSA}).encode())
+    protected = b64url_encode(json_compact({"kid": signer.key_id, "alg": signer.jws_alg}).encode())
     signature = signer.sign(f"{protected}.{payload_b64}".encode("ascii"))
     return {"payload": payload_b64, "signatures": [{"protected": protected, "signature": b64url_encode(signature)}]}
 
@@ -80,7 +80,7 @@ def _decode_payload(jws: dict[str, Any]) -> dict[str, Any]:
     return payload
 
 
-def _signed(protected: str, payload: str, signature: str) -> tuple[str, bytes, bytes, bytes]:
+def _signed(protected: str, payload: str, signature: str) -> tuple[str, PublicKey, bytes, bytes]:
     """What one signature entry asks to verify: (signer DID, key, signature, signing input);
     401 when its header, key or signature cannot be read."""
     kid = signature_kid({"protected": protected})
@@ -95,7 +95,7 @@ def _signed(protected: str, payload: str, signature: str) -> tuple[str, bytes, b
     return did, key, signature_bytes, f"{protected}.{payload}".encode()
 
 
-def signed_entry(protected: str, payload: str, signature: str) -> tuple[str, bytes, bytes, bytes]:
+def signed_entry(protected: str, payload: str, signature: str) -> tuple[str, PublicKey, bytes, bytes]:
     """What one signature entry asks to verify: (signer DID, key, signature, signing input);
     :class:`~p2psync.dwn.errors.DwnError` (401) when it cannot be read. What a worker process
     verifying ahead computes, exactly as the engine will (p2psync/dwn/ahead.py)."""
@@ -107,8 +107,12 @@ def _verify_entry(protected: str, payload: str, signature: str) -> str:
     did, key, signature_bytes, signing_input = _signed(protected, payload, signature)
     # The reference refuses (false) or throws; both end in its handlers' 401. An acceptance
     # found ahead on another thread counts only for exactly these bytes (ed25519.Ahead).
-    outcome, thrown = ed25519.engine_outcome(key, signature_bytes, signing_input)
-    if outcome is not ed25519.Outcome.ACCEPT:
+    if isinstance(key, ecdsa.EcKey):
+        accepted, thrown = ecdsa.outcome(key, signature_bytes, signing_input)
+    else:
+        outcome, thrown = ed25519.engine_outcome(key, signature_bytes, signing_input)
+        accepted = outcome is ed25519.Outcome.ACCEPT
+    if not accepted:
         why = f" ({thrown})" if thrown else ""
         raise DwnError("GeneralJwsVerifierInvalidSignature", f"Signature verification failed for {did}{why}", 401)
     return did
@@ -140,6 +144,8 @@ def verify_ahead(jws: Any) -> int:
             _, key, signature_bytes, signing_input = _signed(protected, payload, signature)
         except Exception:  # the engine's own verify judges whatever this could not read
             continue
+        if isinstance(key, ecdsa.EcKey):
+            continue  # only Ed25519 is verified ahead; the engine verifies an EC signature itself
         if ed25519.AHEAD.verify(key, signature_bytes, signing_input) is ed25519.Outcome.ACCEPT:
             accepted += 1
     return accepted

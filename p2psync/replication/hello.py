@@ -157,7 +157,10 @@ def _payload(signer: Hello, peer: Hello, channel: str | None) -> dict[str, str]:
 
 def make_proof(identity: Identity, mine: Hello, theirs: Hello, channel: str | None = None) -> dict[str, Any]:
     """Our reply to ``theirs``: a JWS by ``identity`` over both hellos and the connection's
-    ``channel`` binding (:func:`p2psync.blip.tls.channel_binding`; None on plain ``ws://``)."""
+    ``channel`` binding (:func:`p2psync.blip.tls.channel_binding`; None on plain ``ws://``).
+    A peer's identity is Ed25519: the proof is EdDSA (§3)."""
+    if identity.algorithm != "Ed25519":
+        raise ValueError(f"a peer proves its hello with an Ed25519 identity, not {identity.algorithm}")
     return sign_payload(_payload(mine, theirs, channel), identity)
 
 

@@ -118,6 +118,10 @@ def test_verify_proof_checks() -> None:
     with pytest.raises(HelloProofInvalid):
         stale = Hello(b.did, b.store_id, bytes(32))
         verify_proof(make_proof(alice, a, stale), b, a)  # over another nonce
+    # A peer's identity is Ed25519 (the proof is EdDSA): an ECDSA author cannot be a peer.
+    carol = Identity.generate("key", "secp256k1")
+    with pytest.raises(ValueError, match="Ed25519"):
+        make_proof(carol, new_hello(carol.did, "00000000-0000-4000-8000-00000000000c"), b)
 
 
 def test_a_proof_binds_the_tls_channel() -> None:
