@@ -48,6 +48,7 @@ from p2psync.dwn.canonical import (
     Placement,
     RunAborted,
     Verdict,
+    archived_messages,
     archived_record,
     is_stateful,
     signature_payload,
@@ -446,8 +447,16 @@ def _admitted_later(store: Store, tenant: str, ref: DependencyRef) -> bool:
     """Whether the record ``ref`` names was admitted here, so that it was missing at the
     message's canonical place only because it sorts after it (or was gone by then): the
     refusal is the canonical one, and fetching would bring nothing new. A record has one
-    initial write, so nothing earlier can come. (A protocol definition can have an earlier
-    version that only archives keep: that is fetched.)"""
+    initial write, so nothing earlier can come.
+
+    A protocol with a definition admitted here that sorts after the message (a device whose
+    clock ran behind wrote under a configure dated later): the refusal is canonical too. An
+    earlier definition may exist elsewhere, but every source lists every definition it
+    admitted, replaced ones included, and its arrival takes the message up again (it reads
+    the protocol's definition). Fetching instead would bring the same later definitions and
+    leave the message deferred for ever, its link never settled."""
+    if isinstance(ref, Protocol):
+        return bool(archived_messages(store, tenant, protocol=ref.protocol))
     if isinstance(ref, InitialWrite | Parent | Ancestor):
         return archived_record(store, tenant, ref.record_id)
     if isinstance(ref, Grant):

@@ -19,6 +19,7 @@ from p2psync.dwn.did import Identity
 from p2psync.dwn.encoding import b64url_encode, message_cid
 from p2psync.dwn.engine import Dwn
 from p2psync.dwn.pipe import PipeSession
+from p2psync.dwn.protocols import ProtocolsConfigure
 from p2psync.dwn.records import create_records_read
 from p2psync.dwn.records_write import RecordsWrite
 from p2psync.dwn.replicated import apply_replicated_message_json
@@ -333,6 +334,34 @@ def test_a_zero_byte_record_given_its_data_later_keeps_one_log_entry(
     assert snapshot(replica.store, alice.did).messages == snapshot(direct.store, alice.did).messages
     replica.close()
     direct.close()
+
+
+def test_a_record_dated_before_its_protocols_configure_is_superseded_not_deferred(tmp_path: Path) -> None:
+    """A device whose clock ran behind wrote a record dated before the only configure of its
+    protocol. At its canonical place there is no definition: the reference refuses it (400).
+    Once that configure is here the refusal is the canonical one — Superseded, kept in the
+    archive, the closure settled — not Incomplete for ever (a link that never settles). An
+    earlier configure arriving later takes it up again (history full-11 of the order tests)."""
+    alice, clock = seeded("skewed-alice"), Clock("2030-01-01T00:00:00.000000Z")
+    definition = {"protocol": "https://p2psync.example/skew", "published": True,
+                  "types": {"note": {}}, "structure": {"note": {}}}
+    early, dated_before, late = clock.tick(), clock.tick(), clock.tick()
+    first = ProtocolsConfigure.create(definition=definition, signer=alice, message_timestamp=early).message
+    configure = ProtocolsConfigure.create(definition=definition, signer=alice, message_timestamp=late).message
+    note = RecordsWrite.create(signer=alice, data=b"note", protocol=definition["protocol"], protocol_path="note",
+                               data_format="text/plain", message_timestamp=dated_before, date_created=dated_before)
+    replica = Dwn(Store(tmp_path / "replica.db"))
+    missing = replica.apply_replicated_message(alice.did, note.message, b"note")
+    assert isinstance(missing, Incomplete) and [type(r) for r in missing.missing] == [Protocol]  # none here yet
+    assert isinstance(replica.apply_replicated_message(alice.did, configure), Applied)
+    assert replica.apply_replicated_message(alice.did, note.message, b"note") == Superseded()
+    assert not replica.store.messages.has(alice.did, note.cid)
+    # The earlier configure (replaced by the later one, so Superseded itself): now the record
+    # is authorized at its place, and stored.
+    assert replica.apply_replicated_message(alice.did, first) == Superseded()
+    assert replica.store.messages.has(alice.did, note.cid)
+    assert replica.apply_replicated_message(alice.did, note.message, b"note") == Duplicate()
+    replica.close()
 
 
 def test_superseded_by_a_newer_write(replica: Dwn) -> None:
