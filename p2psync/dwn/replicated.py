@@ -60,7 +60,6 @@ from p2psync.dwn.errors import DwnError
 from p2psync.dwn.generic_message import get_author, get_newest_message
 from p2psync.dwn.handlers.records import STAGE_ERRORS, parse_signed_records_message
 from p2psync.dwn.protocols import ProtocolsConfigure
-from p2psync.dwn.records_util import construct_prefix_filter_as_range_filter
 from p2psync.dwn.records_write import RecordsWrite, fetch_initial_records_write_message, is_initial_write
 from p2psync.dwn.replication_types import (
     Ancestor,
@@ -462,17 +461,37 @@ def _admitted_later(store: Store, tenant: str, ref: DependencyRef) -> bool:
     if isinstance(ref, Grant):
         return archived_record(store, tenant, ref.permission_grant_id)
     if isinstance(ref, Role):
-        # A role record stays stored (its initial write) after its delete, so it travels in
-        # every log; one held here that was not live at the message's place is the canonical
-        # answer. An earlier one still to come is a message of its own: its arrival takes the
-        # message up again (it reads that recipient's role records).
-        flt: dict[str, Any] = {
-            "interface": "Records", "method": "Write", "protocol": ref.protocol,
-            "protocolPath": ref.protocol_path, "recipient": ref.recipient,
-        }
-        if ref.context_prefix is not None:
-            flt["contextId"] = construct_prefix_filter_as_range_filter(ref.context_prefix)
-        return bool(store.messages.query(tenant, [flt])[0])
+        # A role record admitted here that was not live at the message's place (it sorts
+        # after it, or was deleted before it) is the canonical answer. Looked up in the
+        # archive: at the message's place a warp has the later ones undone in the state (a
+        # role record dated the same second as the chat that uses it, and sorting after it by
+        # CID, left the chat deferred for ever: history full-56 of the order tests). An
+        # earlier one still to come is a message of its own: its arrival takes the message up
+        # again (it reads that recipient's role records).
+        return _role_record_archived(store, tenant, ref)
+    return False
+
+
+def _role_record_archived(store: Store, tenant: str, ref: Role) -> bool:
+    """Whether a write of a role record ``ref`` names — its protocol path and recipient, its
+    context under ``ref.context_prefix`` — was admitted here (the archive rows whose footprint
+    changes that recipient's role records)."""
+    tid = store.tenant_id(tenant, create=False)
+    if tid is None:
+        return False
+    rows = store.conn.execute(
+        "SELECT a.body FROM archive_keys k JOIN archive a ON a.id = k.row"
+        " WHERE k.tenant=? AND k.key=? AND k.writes=1",
+        (tid, f"role:{ref.protocol}:{ref.recipient}"),
+    )
+    for (body,) in rows:
+        message = json.loads(str(body))
+        d = message.get("descriptor", {})
+        if d.get("method") != "Write" or d.get("protocolPath") != ref.protocol_path:
+            continue
+        context = message.get("contextId")
+        if ref.context_prefix is None or (isinstance(context, str) and context.startswith(ref.context_prefix)):
+            return True
     return False
 
 

@@ -364,6 +364,30 @@ def test_a_record_dated_before_its_protocols_configure_is_superseded_not_deferre
     replica.close()
 
 
+def test_a_chat_dated_before_the_role_record_it_invokes_is_superseded_not_deferred(replica: Dwn) -> None:
+    """carol's chat invokes her participant role, but is dated before the role record (or the
+    same second and before it by CID: history full-56 of the order tests): at its place the
+    reference finds no role (401). With the role record here, that refusal is the canonical
+    one: Superseded, not Incomplete for ever. The role record was only visible in the archive:
+    at the chat's place a warp has it undone in the state."""
+    w = chat_world()
+    s = w.steps
+    ctx = s["thread"].message["contextId"]
+    role_at = s["participant"].message["descriptor"]["messageTimestamp"]
+    thread_at = s["thread"].message["descriptor"]["messageTimestamp"]
+    before = thread_at[:-7] + "500000Z"  # half a second after the thread, before the role record
+    early_chat = RecordsWrite.create(signer=w.carol, data=b"too soon", protocol=CHAT, protocol_path="thread/chat",
+                                     parent_context_id=ctx, protocol_role="thread/participant",
+                                     data_format="application/octet-stream", message_timestamp=before,
+                                     date_created=before)
+    assert thread_at < before < role_at
+    for name in ("protocol", "thread", "participant"):
+        assert apply(replica, w, s[name]).kind == "Applied"
+    assert replica.apply_replicated_message(w.tenant, early_chat.message, b"too soon") == Superseded()
+    assert not replica.store.messages.has(w.tenant, early_chat.cid)
+    assert apply(replica, w, s["chat"]).kind == "Applied"  # the chat after the role record is held
+
+
 def test_superseded_by_a_newer_write(replica: Dwn) -> None:
     w = chat_world()
     s = w.steps
