@@ -48,7 +48,6 @@ from p2psync.dwn.canonical import (
     Placement,
     RunAborted,
     Verdict,
-    archived_messages,
     archived_record,
     is_stateful,
     signature_payload,
@@ -455,7 +454,7 @@ def _admitted_later(store: Store, tenant: str, ref: DependencyRef) -> bool:
     the protocol's definition). Fetching instead would bring the same later definitions and
     leave the message deferred for ever, its link never settled."""
     if isinstance(ref, Protocol):
-        return bool(archived_messages(store, tenant, protocol=ref.protocol))
+        return _definition_accepted(store, tenant, ref.protocol)
     if isinstance(ref, InitialWrite | Parent | Ancestor):
         return archived_record(store, tenant, ref.record_id)
     if isinstance(ref, Grant):
@@ -472,16 +471,33 @@ def _admitted_later(store: Store, tenant: str, ref: DependencyRef) -> bool:
     return False
 
 
+def _definition_accepted(store: Store, tenant: str, protocol: str) -> bool:
+    """Whether a definition of ``protocol`` was admitted here and accepted at its place."""
+    tid = store.tenant_id(tenant, create=False)
+    if tid is None:
+        return False
+    rows = store.conn.execute(
+        "SELECT body FROM archive WHERE tenant=? AND record_id IS NULL AND accepted=1", (tid,)
+    )
+    for (body,) in rows:
+        definition = json.loads(str(body)).get("descriptor", {}).get("definition")
+        if isinstance(definition, dict) and definition.get("protocol") == protocol:
+            return True
+    return False
+
+
 def _role_record_archived(store: Store, tenant: str, ref: Role) -> bool:
     """Whether a write of a role record ``ref`` names — its protocol path and recipient, its
-    context under ``ref.context_prefix`` — was admitted here (the archive rows whose footprint
-    changes that recipient's role records)."""
+    context under ``ref.context_prefix`` — was admitted here and accepted at its place (the
+    archive rows whose footprint changes that recipient's role records). One refused at its
+    place does not count: a role record minted by someone the protocol does not let hand the
+    role out is kept aside, and must not settle the message that needs a real one."""
     tid = store.tenant_id(tenant, create=False)
     if tid is None:
         return False
     rows = store.conn.execute(
         "SELECT a.body FROM archive_keys k JOIN archive a ON a.id = k.row"
-        " WHERE k.tenant=? AND k.key=? AND k.writes=1",
+        " WHERE k.tenant=? AND k.key=? AND k.writes=1 AND a.accepted=1",
         (tid, f"role:{ref.protocol}:{ref.recipient}"),
     )
     for (body,) in rows:
