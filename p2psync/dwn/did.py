@@ -34,6 +34,7 @@ from p2psync.dwn.errors import DwnError
 
 _ED25519_PUB_MULTICODEC = b"\xed\x01"
 _SECP256K1_PUB_MULTICODEC = b"\xe7\x01"  # varint 0xe7
+_DID_KEY_MULTICODECS: Final = {"Ed25519": _ED25519_PUB_MULTICODEC, "secp256k1": _SECP256K1_PUB_MULTICODEC}
 _B58_ALPHABET = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
 _B58_INDEX = {c: i for i, c in enumerate(_B58_ALPHABET)}
 
@@ -257,14 +258,12 @@ class Identity:
 
     @classmethod
     def _of(cls, private_key: Ed25519PrivateKey | ec.EllipticCurvePrivateKey, method: str) -> Identity:
-        unnamed = cls("", "", private_key)
+        unnamed = cls("", "", private_key)  # the key's own properties, before it has a DID
         if method == "key":
-            if unnamed.algorithm == "Ed25519":
-                ident = "z" + _b58encode(_ED25519_PUB_MULTICODEC + unnamed.public_key)
-            elif unnamed.algorithm == ecdsa.SECP256K1:
-                ident = "z" + _b58encode(_SECP256K1_PUB_MULTICODEC + unnamed.public_key)
-            else:  # the reference's did:key resolver has no document for a P-256 key
+            multicodec = _DID_KEY_MULTICODECS.get(unnamed.algorithm)
+            if multicodec is None:  # the reference's did:key resolver has no document for a P-256 key
                 raise ValueError("did:key is Ed25519 or secp256k1 here, as the reference resolves it; use did:jwk")
+            ident = "z" + _b58encode(multicodec + unnamed.public_key)
             did = f"did:key:{ident}"
             return cls(did, f"{did}#{ident}", private_key)
         if method == "jwk":

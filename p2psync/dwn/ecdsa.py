@@ -94,16 +94,15 @@ def decompress(crv: str, x: int, odd: bool) -> int | None:
     return curve.p - y if (y & 1) != odd else y
 
 
-def _coordinate(jwk: dict[str, Any], name: str) -> bytes:
-    """A JWK coordinate's bytes as the reference decodes them (:func:`b64url_decode_jwk`); a
-    member that is absent or not text makes the reference throw."""
-    text = jwk.get(name)
-    if not isinstance(text, str):
-        raise DwnError("EcdsaInvalidJwk", f"invalid EC public key: `{name}` is not base64url text", 401)
+def _coordinate(name: str, text: str | None) -> bytes | str:
+    """A JWK coordinate's bytes as the reference decodes them (:func:`b64url_decode_jwk`), or
+    why the reference throws instead: a member that is absent, not text or not base64url."""
+    if text is None:
+        return f"invalid EC public key: `{name}` is not base64url text"
     try:
         return b64url_decode_jwk(text)
-    except (DwnError, ValueError) as exc:
-        raise DwnError("EcdsaInvalidJwk", f"invalid EC public key: `{name}` is not base64url", 401) from exc
+    except (DwnError, ValueError):
+        return f"invalid EC public key: `{name}` is not base64url"
 
 
 def key_from_jwk(jwk: dict[str, Any]) -> EcKey:
@@ -120,11 +119,11 @@ def key_from_jwk(jwk: dict[str, Any]) -> EcKey:
 def _key(crv: str, kty: str | None, x: str | None, y: str | None) -> EcKey:
     if kty != "EC":
         return EcKey(crv, None, f"invalid {crv} JWK: `kty` MUST be `EC`")
-    jwk = {"x": x, "y": y}
-    try:
-        x_bytes, y_bytes = _coordinate(jwk, "x"), _coordinate(jwk, "y")
-    except DwnError as exc:
-        return EcKey(crv, None, exc.detail)
+    x_bytes, y_bytes = _coordinate("x", x), _coordinate("y", y)
+    if isinstance(x_bytes, str):
+        return EcKey(crv, None, x_bytes)
+    if isinstance(y_bytes, str):
+        return EcKey(crv, None, y_bytes)
     curve = _CURVE[crv]
     if crv == SECP256K1:
         # Compressed by y's parity, then decompressed: only x and the parity of y count.

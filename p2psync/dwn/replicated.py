@@ -474,16 +474,10 @@ def _admitted_later(store: Store, tenant: str, ref: DependencyRef) -> bool:
 def _definition_accepted(store: Store, tenant: str, protocol: str) -> bool:
     """Whether a definition of ``protocol`` was admitted here and accepted at its place."""
     tid = store.tenant_id(tenant, create=False)
-    if tid is None:
-        return False
-    rows = store.conn.execute(
-        "SELECT body FROM archive WHERE tenant=? AND record_id IS NULL AND accepted=1", (tid,)
-    )
-    for (body,) in rows:
-        definition = json.loads(str(body)).get("descriptor", {}).get("definition")
-        if isinstance(definition, dict) and definition.get("protocol") == protocol:
-            return True
-    return False
+    return tid is not None and store.conn.execute(
+        "SELECT 1 FROM archive WHERE tenant=? AND record_id IS NULL AND accepted=1"
+        " AND json_extract(body, '$.descriptor.definition.protocol')=? LIMIT 1", (tid, protocol)
+    ).fetchone() is not None
 
 
 def _role_record_archived(store: Store, tenant: str, ref: Role) -> bool:
