@@ -262,6 +262,7 @@ class StoreService:
         scope = request.scope
         # The whole tenant lists everything: no per-message test (issue #17's fast path).
         in_scope = None if scope.kind == "global" else self._lister(tenant, scope)
+        subset = scope.kind == "subset"
         listed_entry = self.fetcher.listed_entry
         page: list[fx.PageRow] = []
         domain: ProgressToken | None = None
@@ -271,7 +272,10 @@ class StoreService:
                 token = domain = ProgressToken(stream_id, epoch, position, cid)
             else:
                 token = ProgressToken.of_own_log(domain, position, cid)
-            if cid in echoes:
+            # A subset sink asks for the role records of each configure listed to it (§10.2),
+            # so a configure (the one entry without a recordId) is proposed even to the store
+            # it came from: this source may hold records at a path it made a role.
+            if cid in echoes and not (subset and (stored is None or stored[3] is None)):
                 page.append(fx.PageRow(token, "echo"))
                 continue
             listed = listed_entry(tenant, cid, stored)

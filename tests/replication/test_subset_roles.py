@@ -338,6 +338,44 @@ def test_a_subset_push_brings_the_role_records_too(tmp_path: Path) -> None:
     _close(source, replica)
 
 
+def test_a_configure_pushed_back_to_the_store_it_came_from_brings_the_role_records(tmp_path: Path) -> None:
+    """Seed 20318 of the simulator. A subset device wrote members under version 1; version 2
+    reached it from the full store it pushes to, so origin echo suppression (§11) would settle
+    the configure unproposed, the full store would never ask for the role records, and carol,
+    who reads by a role written on the device, would be let in there and refused here. A
+    subset source proposes a configure even to the store it came from."""
+    club_ = Club(tmp_path / "device.db")
+    tenant, full_path = club_.alice.did, tmp_path / "full.db"
+
+    def push() -> tuple[Side, Side]:
+        device = _side(club_.path, "device", active=True, capabilities=(REVS, ROLE_RECORDS))
+        full = _side(full_path, "full", active=False, capabilities=(REVS, ROLE_RECORDS))
+        wire = Wire(device, full, random.Random(21))
+        full.proto.start_hello()
+        run(wire, device.proto.start_hello())
+        operation, _ = device.proto.sync(tenant=tenant, scope=SCOPE, local_store_id=store_id(device.store),
+                                         pull=False, push=True, batch=3, totals={})
+        run(wire, operation)
+        assert wire.closed == []
+        return device, full
+
+    _close(*push())  # the device's push checkpoint passes the members: no rule lists them
+    version_2 = ProtocolsConfigure.create(definition=club(2), signer=club_.alice,
+                                          message_timestamp=club_.author.clock.tick()).message
+    written_there = Dwn(Store(full_path))
+    assert written_there.process_message(tenant, version_2).code == 202
+    written_there.close()
+    full, device, wire, _ = connect(full_path, club_.path, 22)
+    pull(device, wire, tenant, SCOPE)  # the configure's origin on the device: the full store
+    assert device.store.messages.get(tenant, message_cid(version_2)) is not None
+    _close(full, device)
+
+    device, full = push()
+    answers = _same_answers(club_, device.store, full.store)
+    assert [code for code, _ in answers][:2] == [200, 200]  # carol reads by her role on both
+    _close(device, full)
+
+
 def test_a_source_that_pages_backwards_leaves_the_configure_unsettled(tmp_path: Path) -> None:
     """A `next` that does not pass `after` could page forever: the sink refuses it, and the
     configure waits for a round with a sane source."""
