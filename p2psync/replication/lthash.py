@@ -194,6 +194,14 @@ class LtHash:
         self._odd += odd
         self._ops += s.added + s.removed
 
+    def add_hash(self, other: LtHash) -> None:
+        """Add every element of ``other``'s set: the state of the union of two disjoint sets."""
+        self._reduce()
+        other._reduce()
+        self._even += other._even
+        self._odd += other._odd
+        self._count_op()
+
     def update(self, adds: Iterable[str] = (), removes: Iterable[str] = ()) -> None:
         """Add every CID of ``adds`` and remove every CID of ``removes``."""
         for cid in adds:

@@ -32,8 +32,9 @@ the engine needs to *apply* a message; these it needs to *answer* in-scope reads
 replica does, and to stay correct as the source changes):
 
 1. every ProtocolsConfigure of the protocol (a re-configure reaches a path subset);
-2. every permission record (``https://tbd.website/dwn/permissions``: requests, grants,
-   revocations, and deletes of them): a grantee's read is judged with the grants and
+2. every message of the permissions protocol (``https://tbd.website/dwn/permissions``:
+   requests, grants, revocations, deletes of them, and a configure of that URL should a tenant
+   have stored one, which the engine never reads): a grantee's read is judged with the grants and
    revocations (a grant of no protocol covers every one, and a read that cites another
    protocol's grant falls back to what anyone may see, which needs that grant too), and a
    MessagesQuery filtered on the protocol lists the tagged requests;
@@ -289,8 +290,9 @@ class SyncScope:
             # Every permission request, grant and revocation (and delete of one): those of the
             # protocol and of none decide what a grantee may read of it, and a read that cites
             # another protocol's grant is answered by falling back to what anyone may see,
-            # which needs that grant here too.
-            return facts.protocol == PERMISSIONS_PROTOCOL_URI and facts.interface == _RECORDS
+            # which needs that grant here too. The permissions protocol whole, so the scope's
+            # set is two protocols' stored sets (anti-entropy.md §1): a configure of its URL too.
+            return facts.protocol == PERMISSIONS_PROTOCOL_URI
         if self.kind == "protocol":
             return True
         if facts.interface == _PROTOCOLS:

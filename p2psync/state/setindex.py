@@ -302,6 +302,18 @@ class SetIndex:
         self._try_catch_up()
         return self._digest(tenant, protocol)
 
+    def union_digest(self, tenant: str, protocols: Iterable[str]) -> SetDigest:
+        """The digest of the union of ``tenant``'s sets of ``protocols`` (disjoint: a message
+        has one protocol), from their states: what anti-entropy.md §1 reconciles for a scope
+        of one protocol, which carries the permissions protocol too."""
+        self._try_catch_up()
+        count, union = 0, LtHash()
+        for protocol in dict.fromkeys(protocols):
+            folded = self._folded(tenant, protocol)
+            count += folded.count
+            union.add_hash(folded.hash)
+        return _set_digest(count, union)
+
     def digests(self, protocol: str | None = None) -> dict[str, SetDigest]:
         """Every tenant's :meth:`digest` (of the whole tenant, or of ``protocol``) whose set is
         not empty, in DID order."""
@@ -334,10 +346,15 @@ class SetIndex:
         return [str(r[0]) for r in rows]
 
     def _digest(self, tenant: str, protocol: str | None) -> SetDigest:
+        folded = self._folded(tenant, protocol)
+        return _set_digest(folded.count, folded.hash)
+
+    def _folded(self, tenant: str, protocol: str | None) -> _Scope:
+        """The folded state of one set, plus the journal rows not folded yet."""
         scope = _scope_of(protocol)
         tid = self.store.tenant_id(tenant, create=False)
         if tid is None:
-            return SetDigest(0, _EMPTY_DIGEST)
+            return _Scope(0, None)
         conn = self.store.conn
         with conn:  # one read snapshot (a savepoint inside an open transaction)
             row = conn.execute(
@@ -357,9 +374,7 @@ class SetIndex:
                     folded.hash.add(str(cid))
                 else:
                     folded.hash.remove(str(cid))
-        if folded.count == 0 and folded.hash.is_empty():
-            return SetDigest(0, _EMPTY_DIGEST)
-        return SetDigest(folded.count, folded.hash.digest())
+        return folded
 
     def cids(self, tenant: str, protocol: str | None = None) -> list[str]:
         """The CIDs of ``tenant``'s stored set (or of ``protocol``), read from the messages: a
@@ -407,3 +422,9 @@ def _scope_of(protocol: str | None) -> str:
     if not protocol:
         raise LocalMisuse("a protocol scope is a protocol URL, never empty")
     return protocol
+
+
+def _set_digest(count: int, state: LtHash) -> SetDigest:
+    if count == 0 and state.is_empty():
+        return SetDigest(0, _EMPTY_DIGEST)
+    return SetDigest(count, state.digest())

@@ -16,6 +16,9 @@ outnumber its members is dropped, to be built again from a scan if it is ever as
 rebuild costs what that many changes cost, so this never spends more than twice the cheaper of
 the two (the ski-rental argument), and a replica that nobody reconciles with spends nothing.
 
+A protocol's set is what a source lists for its scope (anti-entropy.md §1): the messages of the
+protocol and of the permissions protocol, so a change of a permission record reaches every
+maintained protocol set of its tenant, and a digest is the sum of two protocols' states.
 Subset scopes (path or context prefixes) are not reconciled yet: ``400 ReconcileScopeUnsupported``.
 """
 
@@ -25,6 +28,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import Any, Final
 
+from p2psync.dwn.permissions import PERMISSIONS_PROTOCOL_URI
 from p2psync.dwn.store import Store
 from p2psync.errors import LocalMisuse
 from p2psync.replication.lthash import lthash_digest
@@ -32,7 +36,7 @@ from p2psync.replication.recon import MemorySet, SetView, answer, parse_resolve
 from p2psync.replication.riblt import Coder, Key, Sketch, Symbols
 from p2psync.replication.scope import SyncScope
 from p2psync.replication.wire import refuse
-from p2psync.state.setindex import SetChange, SetIndex
+from p2psync.state.setindex import SetChange, SetDigest, SetIndex
 
 __all__ = ["PENDING_LIMIT", "SKETCH_SIZE", "SetSketches"]
 
@@ -145,7 +149,9 @@ class SetSketches:
         touched: dict[_Set, _Maintained] = {}
         for change in changes:
             sets: tuple[_Set, ...] = ((change.tenant, None),)
-            if change.protocol is not None:
+            if change.protocol == PERMISSIONS_PROTOCOL_URI:  # in every protocol's set (§1)
+                sets += tuple(key for key in self._kept if key[0] == change.tenant and key[1] is not None)
+            elif change.protocol is not None:
                 sets += ((change.tenant, change.protocol),)
             for key in sets:
                 kept = self._kept.get(key)
@@ -169,6 +175,14 @@ class SetSketches:
             return tenant, scope.protocol
         refuse(400, "ReconcileScopeUnsupported", "reconciliation covers a whole tenant or one protocol")
 
+    def _cids(self, key: _Set) -> list[str]:
+        """The members of a set, read from the messages (a scan)."""
+        return [cid for protocol in _protocols(key) for cid in self.index.cids(key[0], protocol)]
+
+    def _digest(self, key: _Set) -> SetDigest:
+        tenant, protocol = key
+        return self.index.digest(tenant) if protocol is None else self.index.union_digest(tenant, _protocols(key))
+
     def _catch_up(self) -> None:
         if self._flush is not None:
             self._flush()
@@ -180,7 +194,7 @@ class SetSketches:
         kept = self._kept.get(key)
         if kept is None:
             self.builds += 1
-            kept = self._kept[key] = _Maintained(Coder(), self.index.cids(*key))
+            kept = self._kept[key] = _Maintained(Coder(), self._cids(key))
         else:
             kept.settle()
             kept.unread = 0
@@ -191,14 +205,14 @@ class SetSketches:
         unsalted ids, the maintained sketch)."""
         key = self._set_of(tenant, scope)
         self._catch_up()
-        digest = self.index.digest(*key)
+        digest = self._digest(key)
         if coder is None or coder.is_default:
             # A snapshot: the set may change while a session asks for more symbols.
             return _MaintainedView(self._maintained(key), digest.count, digest.digest, snapshot=True)
         salted = self._salted.get((key, coder))
         if salted is None:
             self.builds += 1
-            cids = self.index.cids(*key)
+            cids = self._cids(key)
             salted = MemorySet(coder, cids, min(SKETCH_SIZE, 2 * len(cids) + 64), lthash_digest(cids))
             self._salted[(key, coder)] = salted
             while len(self._salted) > SALTED_CACHE:
@@ -218,7 +232,7 @@ class SetSketches:
                 if held is not None:
                     out.extend(held if isinstance(held, list) else [held])
             return sorted(out)
-        return sorted(c for c in self.index.cids(*key) if coder.key(c).id in wanted)
+        return sorted(c for c in self._cids(key) if coder.key(c).id in wanted)
 
     def describe(self, tenant: str, cids: Iterable[str]) -> list[dict[str, Any]]:
         """``{cid, kind, recordId?, protocol?, messageTimestamp?}`` of each held message (what
@@ -251,3 +265,12 @@ class SetSketches:
             coder, ids = parse_resolve(body)
             return {"k": self.describe(tenant, self.cids_of(tenant, scope, coder, ids))}
         return answer(body, lambda coder: self.view(tenant, scope, coder))
+
+
+def _protocols(key: _Set) -> tuple[str | None, ...]:
+    """The stored sets (by protocol column) a set is the union of: a scope of one protocol
+    carries the permissions protocol's messages too (anti-entropy.md §1, the listing's rule 2)."""
+    protocol = key[1]
+    if protocol is None or protocol == PERMISSIONS_PROTOCOL_URI:
+        return (protocol,)
+    return protocol, PERMISSIONS_PROTOCOL_URI

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from p2psync.dwn.encoding import compute_cid
 from p2psync.dwn.engine import Dwn
+from p2psync.dwn.permissions import PERMISSIONS_PROTOCOL_URI
 from p2psync.dwn.records import create_records_delete
 from p2psync.dwn.store import Store
 from p2psync.errors import LocalMisuse
@@ -110,7 +111,7 @@ def test_reads_refuse_an_open_transaction_and_subset_scopes(tmp_path: Path) -> N
 
 
 TENANTS = ["did:example:alice", "did:example:bob"]
-PROTOCOLS = [None, "https://example.com/a", "https://example.com/b"]
+PROTOCOLS = [None, "https://example.com/a", "https://example.com/b", PERMISSIONS_PROTOCOL_URI]
 CIDS = [compute_cid({"n": i}) for i in range(10)]
 
 
@@ -123,10 +124,13 @@ def put(store: Store, tenant: str, cid: str, protocol: str | None) -> None:
 
 def assert_scope_maintained(sketches: SetSketches, store: Store, tenant: str, protocol: str | None) -> None:
     scope = GLOBAL if protocol is None else SyncScope.for_protocol(protocol)
-    cids = sketches.index.cids(tenant, protocol)
+    # anti-entropy.md §1: a protocol's set carries the permissions protocol's messages too.
+    carried = {protocol, PERMISSIONS_PROTOCOL_URI} if protocol is not None else {None}
+    cids = [c for p in carried for c in sketches.index.cids(tenant, p)]
     view = sketches.view(tenant, scope)
     expected = fresh(cids)
     assert view.count == len(cids)
+    assert view.digest == lthash_digest(cids)
     assert view.symbols(0, SKETCH_SIZE) == expected.symbols
     assert view.lanes() == expected.estimator.lanes()
     ids = [Coder().key(c).id for c in cids]
@@ -137,7 +141,7 @@ step = st.one_of(
     st.tuples(st.just("put"), st.sampled_from(TENANTS), st.sampled_from(CIDS), st.sampled_from(PROTOCOLS)),
     st.tuples(st.just("delete"), st.sampled_from(TENANTS), st.sampled_from(CIDS)),
     st.tuples(st.just("commit")),
-    st.tuples(st.just("read"), st.sampled_from(TENANTS[:1]), st.sampled_from(PROTOCOLS[:2])),
+    st.tuples(st.just("read"), st.sampled_from(TENANTS[:1]), st.sampled_from(PROTOCOLS[:2] + PROTOCOLS[3:])),
     st.tuples(st.just("fold-other")),
 )
 
