@@ -181,7 +181,9 @@ class SetSketches:
 
     def _digest(self, key: _Set) -> SetDigest:
         tenant, protocol = key
-        return self.index.digest(tenant) if protocol is None else self.index.union_digest(tenant, _protocols(key))
+        if protocol is None:
+            return self.index.digest(tenant)
+        return self.index.union_digest(tenant, (protocol, PERMISSIONS_PROTOCOL_URI))
 
     def _catch_up(self) -> None:
         if self._flush is not None:
