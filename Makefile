@@ -52,7 +52,7 @@ bench: $(VENV) $(NODE) $(SYSDEPS)
 
 lint: $(VENV)
 	.venv/bin/ruff check p2psync tests interop
-	.venv/bin/mypy p2psync
+	.venv/bin/mypy p2psync tests/bench
 	.venv/bin/lint-imports --no-cache
 
 # The layer contract in pyproject.toml ([tool.importlinter]): layers point down, nothing

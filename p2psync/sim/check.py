@@ -38,7 +38,7 @@ from p2psync.replication.scope import SyncScope
 from p2psync.sim.writers import Authored, Cast
 
 __all__ = ["CLASSES", "Finding", "ReplicaState", "answers", "archived", "canonical_state", "intent_view",
-           "replica_state", "scope_reads"]
+           "protocol_view", "replica_state", "scope_reads"]
 
 #: Outcome classes, most severe first: a seed takes the first class any of its findings has.
 CLASSES: Final = ("stuck", "lost", "diverged")
@@ -146,6 +146,16 @@ def intent_view(store: Store, tenant: str, scope: SyncScope) -> tuple[frozenset[
     data = frozenset((str(r), str(d), int(n)) for r, d, n in store.conn.execute(
         "SELECT record_id, data_cid, size FROM data WHERE tenant=?", (tid,)) if r in records)
     return frozenset(cids), data
+
+
+def protocol_view(store: Store, tenant: str, protocol: str) -> frozenset[str]:
+    """The event-log CIDs of the messages of ``protocol`` ``store`` holds (a delete's protocol
+    is its record's, logged with it)."""
+    tid = store.tenant_id(tenant, create=False)
+    if tid is None:
+        return frozenset()
+    return frozenset(str(cid) for cid, indexes in store.conn.execute(
+        "SELECT cid, indexes FROM events WHERE tenant=?", (tid,)) if json.loads(indexes).get("protocol") == protocol)
 
 
 def archived(store: Store, tenant: str) -> set[str]:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from p2psync.dwn.permissions import PERMISSIONS_PROTOCOL_URI
 from p2psync.replication.checkpoint import Direction, DirectionCheckpoint, LinkState, checkpoint_id
 from p2psync.replication.effects import (
     Apply,
@@ -56,6 +57,7 @@ from p2psync.sim.check import (
     archived,
     canonical_state,
     intent_view,
+    protocol_view,
     regressed,
     replica_state,
     scope_reads,
@@ -927,7 +929,9 @@ class Simulation:
         full peer: (a) it holds every message of the scope's intent, and no other, with the
         data; (b) closure-complete: the messages it holds, processed alone in canonical order,
         reach its state (a message admitted without what it depends on would be refused);
-        (c) the reads inside the scope answer as on the full peer, for alice, bob and carol."""
+        (c) the reads inside the scope answer as on the full peer, for alice, bob and carol;
+        (d) it holds the permissions protocol's messages the full peer holds (docs/scopes.md:
+        every scope carries the tenant's requests, grants and revocations)."""
         scope, owner = self.subset_scope, self.cast.alice
         want, want_data = intent_view(reference.store, self.tenant, scope)
         got, got_data = intent_view(peer.store, self.tenant, scope)
@@ -936,6 +940,11 @@ class Simulation:
             op = authored[cid].op if cid in authored else "?"
             self.finding("lost", "subset_message", f"{op} {cid[-10:]} in the scope is on {reference.name} but"
                          f" missing on {peer.name} ({self._applied(peer.index, cid)})")
+        permissions = protocol_view(reference.store, self.tenant, PERMISSIONS_PROTOCOL_URI)
+        for cid in sorted(permissions - protocol_view(peer.store, self.tenant, PERMISSIONS_PROTOCOL_URI)):
+            op = authored[cid].op if cid in authored else "?"
+            self.finding("lost", "subset_permission", f"{op} {cid[-10:]} is on {reference.name} but missing on"
+                         f" {peer.name} ({self._applied(peer.index, cid)})")
         for cid in sorted(got - want):
             op = authored[cid].op if cid in authored else "?"
             self.finding("diverged", "subset_extra", f"{op} {cid[-10:]} in the scope is on {peer.name} but not on"

@@ -251,7 +251,7 @@ def sync(store_path: str, url: str, direction: str, pin: str) -> None:
 
     async def main() -> dict[str, Any]:
         peer = Peer(Store(store_path), ALICE)
-        peer.metrics = Latency()  # type: ignore[assignment]
+        peer.metrics = Latency()
         durable = peer.committer.durable
 
         async def timed_durable(batch: Any) -> None:

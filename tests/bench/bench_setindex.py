@@ -77,8 +77,8 @@ def main() -> None:
 
     h = LtHash()
     shake = per_item(lambda: [hashlib.shake_256(DOMAIN + c.encode()).digest(2048) for c in cids], n)
-    add = per_item(lambda: [h.add(c) for c in cids], n)
-    remove = per_item(lambda: [h.remove(c) for c in cids], n)
+    add = per_item(lambda: h.update(adds=cids), n)
+    remove = per_item(lambda: h.update(removes=cids), n)
     print(f"lthash16: add {add:.1f} µs, remove {remove:.1f} µs a CID (SHAKE-256 to 2,048 bytes alone: {shake:.1f} µs)")
 
     with tempfile.TemporaryDirectory() as tmp:

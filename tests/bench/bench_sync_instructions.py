@@ -100,7 +100,9 @@ def logged(path: Path) -> int:
 
     conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
     try:
-        return int(conn.execute("SELECT count(*) FROM events").fetchone()[0])
+        row = conn.execute("SELECT count(*) FROM events").fetchone()
+        assert row is not None
+        return int(row[0])
     finally:
         conn.close()
 

@@ -40,7 +40,7 @@ def main() -> None:
     messages = author(args.count, Clock("2030-01-01T00:00:00.000000Z"))
     worker = SignatureWorker()
     # mode -> [applying thread CPU, process CPU, wall, messages, taken]
-    totals = {"ahead": [0.0, 0.0, 0.0, 0, 0], "inline": [0.0, 0.0, 0.0, 0, 0]}
+    totals: dict[str, list[float]] = {"ahead": [0.0, 0.0, 0.0, 0, 0], "inline": [0.0, 0.0, 0.0, 0, 0]}
     with tempfile.TemporaryDirectory() as tmp:
         dwn = Dwn(Store(Path(tmp) / "replica.db"))
         v = verify_rate()
@@ -69,10 +69,10 @@ def main() -> None:
         dwn.close()
     print(f"yardstick V = {v:,.0f} Ed25519 verifies/s on one core, measured now")
     print(f"{args.count} x 1 KiB in log order, {args.batch} a commit, batches alternating:")
-    for mode, (thread, process, wall, count, taken) in totals.items():
+    for mode, (thread, process, wall, count, ahead) in totals.items():
         print(f"  {mode:6}: applying thread {thread / count * 1e6:5.0f} us CPU a message, process "
               f"{process / count * 1e6:5.0f} us, wall {wall / count * 1e6:5.0f} us; "
-              f"verified ahead and taken {taken / count:.0%}")
+              f"verified ahead and taken {ahead / count:.0%}")
     a, b = totals["ahead"], totals["inline"]
     print(f"  ahead / inline: applying thread {a[0] / a[3] / (b[0] / b[3]):.3f}, process "
           f"{a[1] / a[3] / (b[1] / b[3]):.3f}, wall {a[2] / a[3] / (b[2] / b[3]):.3f}")

@@ -192,3 +192,23 @@ def test_two_pushes_into_one_peer_do_not_wait_on_each_other(tmp_path: Path) -> N
     a later listing, which waited on one of p1's claims: no round ended."""
     result = run_seed(35, SimConfig(peers=4, topology="mesh", faults="heavy", scopes="mixed"), tmp_path)
     assert not any(f.kind == "no_quiescence" for f in result.findings), [str(f) for f in result.findings]
+
+
+@pytest.mark.parametrize(
+    ("seed", "case"),
+    [
+        (20318, "role records written on a subset device before a configure made their path a role"),
+        (40078, "grants written on a protocol-scoped device, reconciled past by a full peer"),
+        (40194, "grants on a full peer, reconciled past by a protocol-scoped one"),
+    ],
+)
+def test_the_scoped_seeds_that_lost_messages_converge(tmp_path: Path, seed: int, case: str) -> None:
+    """`--scopes mixed` seeds (docs/simulator.md, *What it found*). 20318: a subset device's
+    push settled, unproposed, a configure that had come from the full peer (origin echo
+    suppression), so the full peer never asked for the role records written on the device
+    (tests/replication/test_subset_roles.py). 40078, 40194: a reconciling round compared only
+    the protocol's messages and resumed after the peer's log head, past its grants
+    (tests/replication/test_protocol_scope_reconcile.py)."""
+    config = SimConfig(peers=4, steps=250, topology="random", ops="full", scopes="mixed")
+    result = run_seed(seed, config, tmp_path)
+    assert result.outcome == "converged", "\n".join([case, *map(str, result.findings), config.replay(seed)])
