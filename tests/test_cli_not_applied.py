@@ -20,6 +20,7 @@ from p2psync.cli.home import Home
 from p2psync.dwn.encoding import message_cid
 from p2psync.dwn.store import Store
 from p2psync.replication.stats import MAX_NOT_APPLIED, NotApplied, NotAppliedLog
+from p2psync.state.copies import NotAppliedRecords
 from tests.test_cli_sync import STARTUP_DEADLINE, run, run_json, serving, two_devices
 
 
@@ -78,8 +79,15 @@ def test_sync_summary_json_verbose_and_status_name_what_did_not_apply(
         assert entry["where"] == "here" and entry["reason"] == reason
         code, out, _ = run(capsys, b, "status")
         assert code == 0
-        assert "1 message(s) did not apply since the node started:" in out
+        assert "1 message(s) did not apply:" in out
         assert f"{forged}: Invalid ({entry['code']}): {reason}" in out
+
+    # Restarted, B's node still names it: an Invalid message settled its token and will never
+    # be offered again, so the store keeps the list.
+    with serving(b):
+        report = run_json(capsys, b, "status", "--json")
+        assert report["notApplied"]["count"] == 1
+        assert report["notApplied"]["last"][0] == entry
 
     # B pulls from A (--json), and a third device with -v: each summary names it, and -v
     # logs a line for it. (Invalid settles: a link is shown it once.)
@@ -115,3 +123,25 @@ def test_not_applied_log_keeps_the_last_ones_and_counts_all() -> None:
     log.add(missing)  # offered again: listed once, counted once
     assert log.count == MAX_NOT_APPLIED + 6 and [e.message_cid for e in log.last].count("cidm") == 1
     assert json.loads(json.dumps(log.to_json()))["count"] == MAX_NOT_APPLIED + 6
+
+
+def test_the_store_keeps_the_not_applied_log(tmp_path: Path) -> None:
+    """A peer reopened over its store starts from the list it left (written with the commit
+    that follows each entry), and a row it cannot read is skipped, not fatal."""
+    store = Store(tmp_path / "s.db")
+    records = NotAppliedRecords(store)
+    assert records.load() == NotAppliedLog()
+    log = records.load()
+    for i in range(MAX_NOT_APPLIED + 2):
+        entry = NotApplied.of(f"cid{i}", "did:x", {"kind": "Invalid", "reason": f"SomeCode: reason {i}"},
+                              where="peer" if i % 2 else "here", peer="store-b" if i % 2 else None)
+        assert entry is not None
+        log.add(entry)
+    records.save(log)
+    again = NotAppliedRecords(store).load()
+    assert again == log and again.count == MAX_NOT_APPLIED + 2
+    store.conn.execute("UPDATE peer_not_applied SET body='{not json' WHERE position=0")
+    store.conn.execute("UPDATE peer_not_applied SET body='{\"messageCid\": 7}' WHERE position=1")
+    damaged = NotAppliedRecords(store).load()
+    assert damaged.last == log.last[2:] and damaged.count == log.count
+    store.close()

@@ -618,12 +618,13 @@ def status_lines(report: dict[str, Any]) -> list[str]:
 
 
 def _not_applied_lines(shown: Any) -> list[str]:
-    """The running node's messages that did not apply (its status file's ``notApplied``)."""
+    """The messages that did not apply on the node's store (its status file's ``notApplied``,
+    kept in the store across restarts)."""
     if not isinstance(shown, dict) or not shown.get("count"):
         return []
     last = [e for e in shown.get("last") or [] if isinstance(e, dict)]
     head = f" (the last {len(last)}:)" if shown["count"] > len(last) else ":"
-    lines = [f"{shown['count']} message(s) did not apply since the node started{head}"]
+    lines = [f"{shown['count']} message(s) did not apply{head}"]
     for e in last:
         at = " at the peer" if e.get("where") == "peer" else ""
         lines.append(f"  {e.get('messageCid')}: {e.get('result')}{at} ({e.get('code')}): {e.get('reason')}")

@@ -258,7 +258,7 @@ class Node:
         self._discovery_scope = trio.CancelScope()
         self._status_dirty = True
         self._started_at = datetime.now(UTC)
-        self.peer.not_applied.on_add = self._on_not_applied
+        self.peer.not_applied.listeners.append(self._on_not_applied)
 
     # -- public -------------------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Final, Literal
 
+import apsw
 import trio
 
 from p2psync import blip, errors
@@ -44,11 +45,11 @@ from p2psync.replication.observer import NO_OBSERVER, SyncObserver
 from p2psync.replication.protocol import ALL_PROFILES, ReplicationProtocol
 from p2psync.replication.round import SyncRound
 from p2psync.replication.scope import SyncScope
-from p2psync.replication.stats import NotAppliedLog, SyncProgress, SyncStats, SyncSummary
+from p2psync.replication.stats import SyncProgress, SyncStats, SyncSummary
 from p2psync.replication.wire import APP_ID, DEFAULT_BATCH, PeerError
 from p2psync.state.authz import ReadAuthorizer
 from p2psync.state.committer import GroupCommitter
-from p2psync.state.copies import CheckpointCopies, store_id
+from p2psync.state.copies import CheckpointCopies, NotAppliedRecords, store_id
 from p2psync.state.ledger import Direction, Ledger, LinkKey
 from p2psync.state.quota import QuotaPolicy, Quotas
 from p2psync.state.service import StoreService
@@ -168,8 +169,18 @@ class Peer:
         #: hello and the address it came from (p2psync/node: a peer is back; who dials us).
         self.on_inbound: Callable[[Hello, str | None], None] | None = None
         #: Messages that did not apply on any connection, here or at a peer we pushed to (the
-        #: node's status lists the last ones).
-        self.not_applied = NotAppliedLog()
+        #: node's status lists the last ones), kept in the store with the next commit.
+        self._not_applied_records = NotAppliedRecords(store)
+        self.not_applied = self._not_applied_records.load()
+        self.not_applied.listeners.append(lambda _: self.committer.before_commit(self._keep_not_applied))
+
+    def _keep_not_applied(self) -> None:
+        """Write the not-applied log with the open batch (or now, when none is open); a failure
+        is logged, never the batch's: the messages' own writes matter more than this record."""
+        try:
+            self._not_applied_records.save(self.not_applied)
+        except (apsw.Error, errors.LocalFailure) as exc:
+            log.warning("the list of messages that did not apply was not saved: %s", exc)
 
     # -- sessions ---------------------------------------------------------------------------
 

@@ -66,6 +66,19 @@ class NotApplied:
             out["peer"] = self.peer
         return out
 
+    @classmethod
+    def from_json(cls, obj: Any) -> NotApplied | None:
+        """The record :meth:`to_json` wrote; None for anything else (a row edited by hand)."""
+        if not isinstance(obj, dict):
+            return None
+        texts = [obj.get(k) for k in ("messageCid", "tenant", "result", "code", "reason")]
+        where, peer = obj.get("where", "here"), obj.get("peer")
+        if not all(isinstance(t, str) for t in texts) or where not in ("here", "peer") \
+                or not (peer is None or isinstance(peer, str)):
+            return None
+        cid, tenant, result, code, reason = (str(t) for t in texts)
+        return cls(cid, tenant, result, code, reason[:MAX_REASON], where, peer)
+
     def line(self) -> str:
         """One line for a person: ``CID: Invalid (Code): reason``."""
         at = " at the peer" if self.where == "peer" else ""
@@ -86,8 +99,9 @@ class NotAppliedLog:
 
     count: int = 0
     last: list[NotApplied] = field(default_factory=list)
-    #: called after each :meth:`add` (a node rewrites its status file); must not raise
-    on_add: Callable[[NotApplied], None] | None = field(default=None, repr=False, compare=False)
+    #: called after each :meth:`add` (a peer keeps the log in its store, a node rewrites its
+    #: status file); must not raise
+    listeners: list[Callable[[NotApplied], None]] = field(default_factory=list, repr=False, compare=False)
 
     def add(self, entry: NotApplied) -> None:
         """Keep ``entry``; a message already listed (a round's reconciliation fetched it, then
@@ -100,8 +114,8 @@ class NotAppliedLog:
             self.count += 1
         self.last.append(entry)
         del self.last[:-MAX_NOT_APPLIED]
-        if self.on_add is not None:
-            self.on_add(entry)
+        for listener in self.listeners:
+            listener(entry)
 
     def to_json(self) -> dict[str, Any]:
         return {"count": self.count, "last": [e.to_json() for e in self.last]}

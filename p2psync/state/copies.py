@@ -9,6 +9,7 @@ the messages it covers are not (one WAL file commits in order). Tables ``peer_*`
 from __future__ import annotations
 
 import hashlib
+import json
 import uuid
 from collections.abc import Sequence
 from typing import Any, Final
@@ -17,8 +18,9 @@ from p2psync.dwn.encoding import dag_cbor_encode, json_compact
 from p2psync.dwn.store import Store
 from p2psync.errors import CheckpointRevConflict
 from p2psync.replication.checkpoint import DirectionCheckpoint, checkpoint_id
+from p2psync.replication.stats import MAX_NOT_APPLIED, NotApplied, NotAppliedLog
 
-__all__ = ["CheckpointCopies", "Origins", "checkpoint_id", "pair_rev", "store_id"]
+__all__ = ["CheckpointCopies", "NotAppliedRecords", "Origins", "checkpoint_id", "pair_rev", "store_id"]
 
 _SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS peer_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -39,6 +41,13 @@ CREATE TABLE IF NOT EXISTS peer_arrivals (
     archive_row INTEGER PRIMARY KEY,
     cid TEXT NOT NULL,
     store_id TEXT NOT NULL
+);
+-- The latest messages that did not apply (replication/stats.py NotAppliedLog), oldest first,
+-- so a node's status still names them after a restart: an Invalid one settles its token and is
+-- never offered again. How many there were in all is peer_meta's ``notAppliedCount``.
+CREATE TABLE IF NOT EXISTS peer_not_applied (
+    position INTEGER PRIMARY KEY,
+    body TEXT NOT NULL
 );
 """
 
@@ -188,3 +197,36 @@ class Origins:
             (tid, *cids),
         )
         return {str(r[0]): str(r[1]) for r in rows}
+
+
+class NotAppliedRecords:
+    """A :class:`NotAppliedLog` kept in the store (``peer_not_applied``): the latest entries
+    and the count, rewritten whole after a change (at most :data:`MAX_NOT_APPLIED` rows)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        _ensure(store)
+
+    def load(self) -> NotAppliedLog:
+        conn = self.store.conn
+        last = [entry for (body,) in conn.execute("SELECT body FROM peer_not_applied ORDER BY position")
+                if (entry := NotApplied.from_json(_json_or_none(str(body)))) is not None][-MAX_NOT_APPLIED:]
+        row = conn.execute("SELECT value FROM peer_meta WHERE key='notAppliedCount'").fetchone()
+        count = int(row[0]) if row is not None and str(row[0]).isdigit() else 0
+        return NotAppliedLog(max(count, len(last)), last)
+
+    def save(self, log: NotAppliedLog) -> None:
+        """Inside the caller's transaction, or in one of its own."""
+        with self.store.transaction():
+            conn = self.store.conn
+            conn.execute("DELETE FROM peer_not_applied")
+            conn.executemany("INSERT INTO peer_not_applied(position, body) VALUES(?,?)",
+                             [(i, json_compact(e.to_json())) for i, e in enumerate(log.last)])
+            conn.execute("INSERT OR REPLACE INTO peer_meta(key, value) VALUES('notAppliedCount', ?)", (str(log.count),))
+
+
+def _json_or_none(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
