@@ -146,6 +146,21 @@ def _one_round(replica: Side, wire: Wire, tenant: str) -> tuple[Any, Any]:
     return ledger, link
 
 
+def _push(club_: Club, replica_path: Path, seed: int) -> tuple[Side, Side]:
+    """One round of the subset push from the club's store (the active side) into a passive
+    replica; both sides, open."""
+    source = _side(club_.path, "source", active=True, capabilities=(REVS, ROLE_RECORDS))
+    replica = _side(replica_path, "replica", active=False, capabilities=(REVS, ROLE_RECORDS))
+    wire = Wire(source, replica, random.Random(seed))
+    replica.proto.start_hello()
+    run(wire, source.proto.start_hello())
+    operation, _ = source.proto.sync(tenant=club_.alice.did, scope=SCOPE, local_store_id=store_id(source.store),
+                                     pull=False, push=True, batch=3, totals={})
+    run(wire, operation)
+    assert wire.closed == []
+    return source, replica
+
+
 def _first_pull(tmp_path: Path, seed: int, **connect_options: Any) -> tuple[Club, str]:
     """A club under version 1 and a replica that pulled it once (the subset scope); returns
     the club and its tenant, with both stores closed."""
@@ -317,23 +332,9 @@ def test_a_subset_push_brings_the_role_records_too(tmp_path: Path) -> None:
     """Pushed, the configure is answered by the passive sink, which asks the pusher for the
     role records on the same connection (either role answers `getDependencies`)."""
     club_ = Club(tmp_path / "source.db")
-    tenant = club_.alice.did
-
-    def push() -> tuple[Side, Side]:
-        source = _side(club_.path, "source", active=True, capabilities=(REVS, ROLE_RECORDS))
-        replica = _side(tmp_path / "replica.db", "replica", active=False, capabilities=(REVS, ROLE_RECORDS))
-        wire = Wire(source, replica, random.Random(12))
-        replica.proto.start_hello()
-        run(wire, source.proto.start_hello())
-        operation, _ = source.proto.sync(tenant=tenant, scope=SCOPE, local_store_id=store_id(source.store),
-                                         pull=False, push=True, batch=3, totals={})
-        run(wire, operation)
-        assert wire.closed == []
-        return source, replica
-
-    _close(*push())
+    _close(*_push(club_, tmp_path / "replica.db", 12))
     club_.become_roles()
-    source, replica = push()
+    source, replica = _push(club_, tmp_path / "replica.db", 12)
     _same_answers(club_, source.store, replica.store)
     _close(source, replica)
 
@@ -346,20 +347,7 @@ def test_a_configure_pushed_back_to_the_store_it_came_from_brings_the_role_recor
     subset source proposes a configure even to the store it came from."""
     club_ = Club(tmp_path / "device.db")
     tenant, full_path = club_.alice.did, tmp_path / "full.db"
-
-    def push() -> tuple[Side, Side]:
-        device = _side(club_.path, "device", active=True, capabilities=(REVS, ROLE_RECORDS))
-        full = _side(full_path, "full", active=False, capabilities=(REVS, ROLE_RECORDS))
-        wire = Wire(device, full, random.Random(21))
-        full.proto.start_hello()
-        run(wire, device.proto.start_hello())
-        operation, _ = device.proto.sync(tenant=tenant, scope=SCOPE, local_store_id=store_id(device.store),
-                                         pull=False, push=True, batch=3, totals={})
-        run(wire, operation)
-        assert wire.closed == []
-        return device, full
-
-    _close(*push())  # the device's push checkpoint passes the members: no rule lists them
+    _close(*_push(club_, full_path, 21))  # the device's push checkpoint passes the members: no rule lists them
     version_2 = ProtocolsConfigure.create(definition=club(2), signer=club_.alice,
                                           message_timestamp=club_.author.clock.tick()).message
     written_there = Dwn(Store(full_path))
@@ -370,7 +358,7 @@ def test_a_configure_pushed_back_to_the_store_it_came_from_brings_the_role_recor
     assert device.store.messages.get(tenant, message_cid(version_2)) is not None
     _close(full, device)
 
-    device, full = push()
+    device, full = _push(club_, full_path, 21)
     answers = _same_answers(club_, device.store, full.store)
     assert [code for code, _ in answers][:2] == [200, 200]  # carol reads by her role on both
     _close(device, full)
