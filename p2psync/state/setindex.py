@@ -308,10 +308,11 @@ class SetIndex:
         of one protocol, which carries the permissions protocol too."""
         self._try_catch_up()
         count, union = 0, LtHash()
-        for protocol in dict.fromkeys(protocols):
-            folded = self._folded(tenant, protocol)
-            count += folded.count
-            union.add_hash(folded.hash)
+        with self.store.conn:  # one read snapshot for all of them
+            for protocol in dict.fromkeys(protocols):
+                folded = self._folded(tenant, protocol)
+                count += folded.count
+                union.add_hash(folded.hash)
         return _set_digest(count, union)
 
     def digests(self, protocol: str | None = None) -> dict[str, SetDigest]:
