@@ -12,15 +12,19 @@ import copy
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
 from p2psync.cli.home import Home
 from p2psync.dwn.encoding import message_cid
+from p2psync.dwn.engine import Dwn
+from p2psync.dwn.records_write import RecordsWrite
 from p2psync.dwn.store import Store
+from p2psync.peer.peer import Peer
 from p2psync.replication.stats import MAX_NOT_APPLIED, NotApplied, NotAppliedLog
 from p2psync.state.copies import NotAppliedRecords
+from tests.replication.support import seeded
 from tests.test_cli_sync import STARTUP_DEADLINE, run, run_json, serving, two_devices
 
 
@@ -144,4 +148,57 @@ def test_the_store_keeps_the_not_applied_log(tmp_path: Path) -> None:
     store.conn.execute("UPDATE peer_not_applied SET body='{\"messageCid\": 7}' WHERE position=1")
     damaged = NotAppliedRecords(store).load()
     assert damaged.last == log.last[2:] and damaged.count == log.count
+    store.close()
+
+
+def test_a_listed_message_that_applies_later_leaves_the_log() -> None:
+    """`settle`: a message received here leaves the list (and the count) whichever peer gave it;
+    one refused at a peer leaves only when that peer takes it; the listeners hear of it."""
+    log = NotAppliedLog()
+    heard: list[str] = []
+    log.listeners.append(lambda e: heard.append(e.message_cid))
+
+    def entry(cid: str, where: Literal["here", "peer"], peer: str) -> NotApplied:
+        made = NotApplied.of(cid, "did:x", {"kind": "Incomplete", "missing": []}, where=where, peer=peer)
+        assert made is not None
+        return made
+
+    log.add(entry("here1", "here", "store-a"))
+    log.add(entry("there1", "peer", "store-b"))
+    log.add(entry("there2", "peer", "store-b"))
+    heard.clear()
+    log.settle("unlisted")
+    log.settle("there1")  # received here? no: it did not apply at store-b
+    log.settle("there1", "peer", "store-c")  # another peer took it: store-b still lacks it
+    assert (log.count, heard) == (3, [])
+    log.settle("here1")  # applied here, given by another peer than store-a
+    log.settle("there1", "peer", "store-b")
+    assert [e.message_cid for e in log.last] == ["there2"] and log.count == 1
+    assert heard == ["here1", "there1"]
+    assert log.lines() == ["1 message(s) did not apply:", f"  {log.last[0].line()}"]
+    # Past the list's length only the count is known: settling a listed one leaves the rest counted.
+    for i in range(MAX_NOT_APPLIED + 3):
+        log.add(entry(f"more{i}", "here", "store-a"))
+    log.settle(f"more{MAX_NOT_APPLIED + 2}")
+    assert log.count == MAX_NOT_APPLIED + 3 and len(log.last) == MAX_NOT_APPLIED - 1
+
+
+def test_a_peer_drops_what_its_store_holds_now_from_the_log_it_left(tmp_path: Path) -> None:
+    """A message listed by an earlier run that the store holds now (it applied by another path
+    meanwhile: a repair, another process) is no longer listed when a peer opens the store; one
+    still missing stays."""
+    alice = seeded("not-applied-alice")
+    store = Store(tmp_path / "s.db")
+    write = RecordsWrite.create(signer=alice, data=b"held now", schema="https://example.com/note",
+                                data_format="text/plain")
+    assert Dwn(store).process_message(alice.did, write.message, b"held now").code == 202
+    log = NotAppliedLog()
+    for cid in (message_cid(write.message), "bafyreinotheld"):
+        made = NotApplied.of(cid, alice.did, {"kind": "Incomplete", "missing": []}, peer="store-b")
+        assert made is not None
+        log.add(made)
+    NotAppliedRecords(store).save(log)
+    peer = Peer(store, alice)
+    assert [e.message_cid for e in peer.not_applied.last] == ["bafyreinotheld"] and peer.not_applied.count == 1
+    assert [e.message_cid for e in NotAppliedRecords(store).load().last] == ["bafyreinotheld"]
     store.close()

@@ -205,6 +205,12 @@ _ARCHIVED_DATA_SQL: Final = (
     " LIMIT 1"
 )
 
+#: Whether a message is archived, by its CID or its stored CID (as :data:`_ARCHIVED_DATA_SQL`).
+_ARCHIVED_SQL: Final = (
+    "SELECT 1 FROM archive WHERE tenant=? AND cid=?"
+    " UNION ALL SELECT 1 FROM archive WHERE tenant=? AND stored_cid=? LIMIT 1"
+)
+
 
 def _kept_data(store: Store, tid: int, data: Any, record_id: Any, data_in: Any) -> bytes | None:
     """An archive row's data: its ``data``, or, when ``data_in`` names the dataCid of a
@@ -361,9 +367,7 @@ class History:
     def holds(self, tenant: str, cid: str) -> bool:
         """Whether ``cid`` was admitted here (held by the state or archived as superseded)."""
         tid = self.store.tenant_id(tenant, create=False)
-        if tid is None:
-            return False
-        return archived_data(self.store, tenant, cid)[0]
+        return tid is not None and self.store.conn.execute(_ARCHIVED_SQL, (tid, cid, tid, cid)).fetchone() is not None
 
     def archived_data(self, tenant: str, cid: str) -> tuple[bool, bytes | None]:
         """(archived, its data) for ``cid``."""

@@ -866,6 +866,7 @@ class Node:
             # Some states change with no event the node sees at once (a round catching up, a
             # backoff starting): compare them too.
             states = [self.link_state(link) for link in self.links.values()]
+            self.peer.settle_held()
             if self._status_dirty or states != written:
                 self._status_dirty = False
                 written = states

@@ -173,6 +173,7 @@ class Peer:
         self._not_applied_records = NotAppliedRecords(store)
         self.not_applied = self._not_applied_records.load()
         self.not_applied.listeners.append(lambda _: self.committer.before_commit(self._keep_not_applied))
+        self.settle_held()
 
     def _keep_not_applied(self) -> None:
         """Write the not-applied log with the open batch (or now, when none is open); a failure
@@ -181,6 +182,15 @@ class Peer:
             self._not_applied_records.save(self.not_applied)
         except (apsw.Error, errors.LocalFailure) as exc:
             log.warning("the list of messages that did not apply was not saved: %s", exc)
+
+    def settle_held(self) -> None:
+        """Drop from the not-applied log the messages received here that the store holds now:
+        applied since by a path that does not report to the log (a repair, another process on
+        this store, a run of this store before a restart)."""
+        history = self.dwn.history
+        for entry in [e for e in self.not_applied.last if e.where == "here"]:
+            if history.holds(entry.tenant, entry.message_cid):
+                self.not_applied.settle(entry.message_cid)
 
     # -- sessions ---------------------------------------------------------------------------
 

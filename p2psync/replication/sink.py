@@ -265,6 +265,9 @@ class Sink:
             entry = NotApplied(cid, self.tenant, result.kind, failure.code, (failure.detail or "")[:MAX_REASON],
                                "here", self.host.remote_store_id)
         elif result.kind not in NOT_APPLIED_KINDS:
+            if result.kind in HELD_KINDS:  # held here now: no longer "did not apply"
+                self.stats.not_applied.settle(cid)
+                self.host.not_applied.settle(cid)
             return
         else:
             entry = NotApplied.of(cid, self.tenant, result.to_json(), peer=self.host.remote_store_id)

@@ -40,7 +40,7 @@ from p2psync.replication.effects import (
     WaitForLog,
 )
 from p2psync.replication.scope import SyncScope
-from p2psync.replication.sink import SETTLING_KINDS, unsettled_transition
+from p2psync.replication.sink import HELD_KINDS, SETTLING_KINDS, unsettled_transition
 from p2psync.replication.stats import NotApplied, NotAppliedLog, SyncStats
 from p2psync.replication.window import ProgressWindow
 from p2psync.replication.wire import (
@@ -75,6 +75,9 @@ class SourceHost(Protocol):
     close_reason: str | None
     #: every message that did not apply (here, or at the peer it was pushed to)
     not_applied: NotAppliedLog
+
+    @property
+    def remote_store_id(self) -> str | None: ...
 
     def signal(self) -> Signal: ...
 
@@ -421,8 +424,12 @@ class Source:
             return False, None
         kind = outcome
         self.stats.results[kind] = self.stats.results.get(kind, 0) + 1
-        refused = NotApplied.of(token.message_cid, self.tenant, result, where="peer")
-        if refused is not None:
+        refused = NotApplied.of(token.message_cid, self.tenant, result, where="peer", peer=self.host.remote_store_id)
+        if refused is None:
+            if kind in HELD_KINDS:  # the peer holds it now: no longer "did not apply" there
+                self.stats.not_applied.settle(token.message_cid, "peer", self.host.remote_store_id)
+                self.host.not_applied.settle(token.message_cid, "peer", self.host.remote_store_id)
+        else:
             self.stats.not_applied.add(refused)
             self.host.not_applied.add(refused)
             log.info("collection %d: %s did not apply at the peer: %s (%s): %s", self.index, token.message_cid,

@@ -94,13 +94,16 @@ def _ref_text(ref: Any) -> str:
 
 @dataclass
 class NotAppliedLog:
-    """The messages that did not apply, the latest :data:`MAX_NOT_APPLIED` of them, and how many
-    (a message seen again while still listed counts once)."""
+    """The messages that did not apply and have not applied since: the latest
+    :data:`MAX_NOT_APPLIED` of them, and how many (a message seen again while still listed
+    counts once). A listed message that applies later (its dependency arrived, a peer took it
+    on a later push) leaves the list and the count (:meth:`settle`); one that left the list
+    for newer ones stays counted."""
 
     count: int = 0
     last: list[NotApplied] = field(default_factory=list)
-    #: called after each :meth:`add` (a peer keeps the log in its store, a node rewrites its
-    #: status file); must not raise
+    #: called after each change, with the entry added or settled (a peer keeps the log in its
+    #: store, a node rewrites its status file); must not raise
     listeners: list[Callable[[NotApplied], None]] = field(default_factory=list, repr=False, compare=False)
 
     def add(self, entry: NotApplied) -> None:
@@ -116,6 +119,20 @@ class NotAppliedLog:
         del self.last[:-MAX_NOT_APPLIED]
         for listener in self.listeners:
             listener(entry)
+
+    def settle(self, message_cid: str, where: Literal["here", "peer"] = "here", peer: str | None = None) -> None:
+        """``message_cid`` applied after all: here (``where="here"``, from whichever peer or
+        path), or at the peer ``peer`` that had refused it (``where="peer"``). Runs for every
+        applied message, so the common case (an empty list) costs one test."""
+        if not self.last:
+            return
+        for i, e in enumerate(self.last):
+            if e.message_cid == message_cid and e.where == where and (where == "here" or e.peer == peer):
+                del self.last[i]
+                self.count = max(self.count - 1, len(self.last))
+                for listener in self.listeners:
+                    listener(e)
+                return
 
     def to_json(self) -> dict[str, Any]:
         return {"count": self.count, "last": [e.to_json() for e in self.last]}

@@ -120,16 +120,20 @@ def _restore(path: Path, saved: dict[str, list[tuple[Any, ...]]]) -> None:
     store.close()
 
 
-def _round(source: Side, replica: Side, tenant: str, scope: SyncScope, seed: int) -> tuple[Any, dict[str, Any]]:
-    """One sync round (pull) of ``scope`` on a fresh connection; returns (round, totals)."""
+def _round(source: Side, replica: Side, tenant: str, scope: SyncScope, seed: int,
+           *, push: bool = False) -> tuple[Any, dict[str, Any]]:
+    """One sync round of ``scope`` on a fresh connection, ``replica`` the active side: it pulls
+    (or pushes, ``push``); returns (round, totals). Each side keeps its not-applied log across
+    rounds, as a peer does across its connections."""
     for side in (source, replica):
-        side.proto = type(side.proto)(identity=side.proto.identity, mine=side.proto.mine, active=side.proto.active)
+        side.proto = type(side.proto)(identity=side.proto.identity, mine=side.proto.mine, active=side.proto.active,
+                                      not_applied=side.proto.not_applied)
     wire = Wire(source, replica, random.Random(seed))
     source.proto.start_hello()
     run(wire, replica.proto.start_hello())
     totals: dict[str, Any] = {}
     operation, round_ = replica.proto.sync(tenant=tenant, scope=scope, local_store_id=store_id(replica.store),
-                                           pull=True, push=False, batch=2, totals=totals)
+                                           pull=not push, push=push, batch=2, totals=totals)
     run(wire, operation)
     return round_, totals
 
@@ -163,6 +167,8 @@ def test_a_missing_hard_dependency_is_a_typed_failure_until_the_source_has_it(tm
     # The reason names the code, the entry that needed the dependency, and the dependency.
     assert failed[root.cid].reason.startswith(f"{case.code}: bafy"), failed[root.cid].reason
     assert removed.cid not in replica.store.messages.cids(tenant)
+    # The replica's own log (what `status` shows) names it too, until it applies (below).
+    assert root.cid in {entry.message_cid for entry in replica.proto.not_applied.last}
     link = ledger.link(round_.key)
     assert link.state == LinkState.REPAIRING
     codes = [t.error_code for t in ledger.transitions(round_.key) if t.state_to == LinkState.REPAIRING]
@@ -178,11 +184,51 @@ def test_a_missing_hard_dependency_is_a_typed_failure_until_the_source_has_it(tm
     round_, totals = _round(source, replica, tenant, scope, seed=2)
     assert replica.store.messages.has(tenant, root.cid)
     assert ledger.link(round_.key).state == LinkState.LIVE
+    # Applied now: neither this round's summary nor the replica's log says it did not apply.
+    assert root.cid not in {entry.message_cid for entry in totals["pull"].not_applied.last}
+    assert root.cid not in {entry.message_cid for entry in replica.proto.not_applied.last}
+    assert replica.proto.not_applied.count == len(replica.proto.not_applied.last)
     checkpoint, _ = ledger.get_checkpoint(round_.key, Direction.PULL)
     head = source.store.events.read(tenant, after=-1, limit=10_000)[-1][0]
     assert checkpoint.contiguous_applied_token is not None and checkpoint.contiguous_applied_token.position == head
     assert not checkpoint.unapplied_tokens
     for side in (source, replica):
+        side.store.close()
+
+
+def test_a_push_the_peer_could_not_apply_leaves_the_pushers_log_once_it_does(tmp_path: Path) -> None:
+    """Push: the pusher lacks a role record its chat needs, so the peer answers Incomplete and
+    the pusher lists the chat as not applied *at the peer*; once the pusher has the role record
+    again, the next push is taken and the entry leaves its log."""
+    case = CASES["role"]
+    w = case.world()
+    tenant = w.tenant
+    holder_dwn = Dwn(Store(tmp_path / "holder.db"))
+    process_all(holder_dwn, tenant, w.ordered())
+    saved = _remove(holder_dwn.store, tenant, w.steps[case.removed].cid)
+    holder_dwn.close()
+    receiver = _side(tmp_path / "receiver.db", "receiver", active=False, capabilities=("revs",))
+    holder = _side(tmp_path / "holder.db", "holder", active=True, capabilities=("revs",))
+    scope = SyncScope.subset(CHAT, case.paths)
+    root = w.steps[case.root]
+
+    _, totals = _round(receiver, holder, tenant, scope, seed=3, push=True)
+    assert not receiver.store.messages.has(tenant, root.cid)
+    at_peer = {e.message_cid: e for e in holder.proto.not_applied.last if e.where == "peer"}
+    assert at_peer[root.cid].result == "Incomplete", at_peer
+    assert at_peer[root.cid].peer == store_id(receiver.store)
+    assert root.cid in {e.message_cid for e in totals["push"].not_applied.last}
+
+    holder.store.close()
+    _restore(tmp_path / "holder.db", saved)
+    log = holder.proto.not_applied
+    holder = _side(tmp_path / "holder.db", "holder", active=True, capabilities=("revs",))
+    holder.proto.not_applied = log  # the same peer, on a new connection
+    _, totals = _round(receiver, holder, tenant, scope, seed=4, push=True)
+    assert receiver.store.messages.has(tenant, root.cid)
+    assert root.cid not in {e.message_cid for e in holder.proto.not_applied.last}
+    assert root.cid not in {e.message_cid for e in totals["push"].not_applied.last}
+    for side in (receiver, holder):
         side.store.close()
 
 
