@@ -86,12 +86,23 @@ def test_sync_summary_json_verbose_and_status_name_what_did_not_apply(
         assert "1 message(s) did not apply:" in out
         assert f"{forged}: Invalid ({entry['code']}): {reason}" in out
 
+    # With no node running, `status` shows the list the store keeps.
+    report = run_json(capsys, b, "status", "--json")
+    assert report["node"] is None and report["notApplied"]["last"] == [entry]
+
     # Restarted, B's node still names it: an Invalid message settled its token and will never
-    # be offered again, so the store keeps the list.
+    # be offered again, so the store keeps the list. Read, it is cleared through the node.
     with serving(b):
         report = run_json(capsys, b, "status", "--json")
         assert report["notApplied"]["count"] == 1
         assert report["notApplied"]["last"][0] == entry
+        assert run_json(capsys, b, "status", "--clear-not-applied", "--json") == {"cleared": 1}
+        report = run_json(capsys, b, "status", "--json")  # the node wrote its status file since
+        assert report["node"] is not None and report["notApplied"] == {"count": 0, "last": []}
+        code, out, _ = run(capsys, b, "status")
+        assert code == 0 and "did not apply" not in out
+    report = run_json(capsys, b, "status", "--json")
+    assert report["node"] is None and report["notApplied"] == {"count": 0, "last": []}
 
     # B pulls from A (--json), and a third device with -v: each summary names it, and -v
     # logs a line for it. (Invalid settles: a link is shown it once.)

@@ -228,6 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("status", cmd_status, "replication links, their states and checkpoints")
     sp.add_argument("--store")
     sp.add_argument("--json", action="store_true", help="machine-readable output")
+    sp.add_argument("--clear-not-applied", action="store_true",
+                    help="empty the list of messages that did not apply (a running node's too)")
 
     grant = sub.add_parser("grant", help="grants to other DIDs").add_subparsers(dest="sub", required=True)
     sp = add("sync", cmd_grant_sync, "grant DID the right to sync your tenant's data (a delegated sync grant)", grant)

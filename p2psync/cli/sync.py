@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TextIO
+from typing import Any, Final, Literal, TextIO
 
 import trio
 from tqdm import tqdm
@@ -52,7 +52,7 @@ from p2psync.peer.peer import Connector, Peer, dialer
 from p2psync.replication.scope import SyncScope
 from p2psync.replication.stats import SyncProgress, SyncSummary
 from p2psync.state.authz import sync_grant_messages
-from p2psync.state.copies import store_id
+from p2psync.state.copies import NotAppliedRecords, store_id
 from p2psync.state.ledger import Ledger, LinkKey, LinkState
 
 __all__ = [
@@ -566,8 +566,10 @@ def status_report(store: Store, node: dict[str, Any] | None = None) -> dict[str,
     if node is not None and node.get("storeId") == sid:
         serving = {"url": node.get("url"), "fingerprint": node.get("fingerprint")}
     report = {"storeId": sid, "node": serving, "links": links, "copies": _copies(store)}
-    # What did not apply since the running node started, on any connection (issue #16).
-    report["notApplied"] = node.get("notApplied") if serving is not None and node is not None else None
+    # What did not apply and has not since, on any connection (issue #16): the running node's
+    # list, else the one the store keeps.
+    report["notApplied"] = (node.get("notApplied") if serving is not None and node is not None
+                            else NotAppliedRecords(store).load().to_json())
     return report
 
 
@@ -730,10 +732,42 @@ def cmd_sync(args: argparse.Namespace) -> int:
         store.close()
 
 
+#: Seconds ``status --clear-not-applied`` waits for the running node to clear its list (it
+#: looks about once a second).
+CLEAR_WAIT: Final = 10.0
+
+
+def clear_not_applied(store: Store, node: dict[str, Any] | None) -> int:
+    """Empty the list of messages that did not apply: through the node running on ``store``
+    (``node``: its status file), else in the store itself. Returns how many it counted;
+    :class:`CliError` if the node did not clear it in :data:`CLEAR_WAIT` seconds."""
+    records = NotAppliedRecords(store)
+    if node is None or node.get("storeId") != store_id(store):
+        return records.clear()
+    shown = node.get("notApplied")
+    count = int(shown.get("count", 0)) if isinstance(shown, dict) else records.load().count
+    records.request_clear()
+    deadline = time.monotonic() + CLEAR_WAIT
+    while records.clear_requested():
+        if time.monotonic() > deadline:
+            raise CliError(f"the node running on this store (pid {node.get('pid')}) did not clear its list within"
+                           f" {CLEAR_WAIT:g} s; it will when it next looks, if it runs")
+        time.sleep(0.1)
+    return count
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     store = open_store(args, must_exist=True)
+    node_file = home_of(args).path / NODE_STATUS_FILE
     try:
-        report = status_report(store, browse.node_status(home_of(args).path / NODE_STATUS_FILE))
+        if args.clear_not_applied:
+            cleared = clear_not_applied(store, browse.node_status(node_file))
+            if args.json:
+                print_json({"cleared": cleared})
+            else:
+                print(f"cleared the list of messages that did not apply ({cleared} counted)")
+            return EXIT_OK
+        report = status_report(store, browse.node_status(node_file))
     finally:
         store.close()
     if args.json:

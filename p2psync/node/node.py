@@ -866,11 +866,13 @@ class Node:
             # Some states change with no event the node sees at once (a round catching up, a
             # backoff starting): compare them too.
             states = [self.link_state(link) for link in self.links.values()]
-            self.peer.settle_held()
-            if self._status_dirty or states != written:
+            cleared = self.peer.tend_not_applied()
+            if self._status_dirty or cleared or states != written:
                 self._status_dirty = False
                 written = states
                 _write_json(self.status_path, self.status())
+            if cleared:  # after the file says so: the asker reads it next
+                self.peer.answer_clear()
             await trio.sleep(STATUS_INTERVAL)
 
     def _facts(self) -> dict[str, tuple[str, dict[tuple[tuple[str, str], ...], float]]]:

@@ -192,6 +192,22 @@ class Peer:
             if history.holds(entry.tenant, entry.message_cid):
                 self.not_applied.settle(entry.message_cid)
 
+    def tend_not_applied(self) -> bool:
+        """What a node does about once a second: :meth:`settle_held`, and empty the log (here
+        and in the store) when another process asked (``status --clear-not-applied``). Returns
+        whether it emptied it: the node then writes its status and calls :meth:`answer_clear`,
+        which tells the asker."""
+        self.settle_held()
+        if not self._not_applied_records.clear_requested():
+            return False
+        self.not_applied.last.clear()
+        self.not_applied.count = 0
+        self._keep_not_applied()  # with the open batch, if one is
+        return True
+
+    def answer_clear(self) -> None:
+        self._not_applied_records.answer_clear()
+
     # -- sessions ---------------------------------------------------------------------------
 
     def _new_session(self, active: bool, channel: str | None) -> PeerSession:

@@ -224,6 +224,33 @@ class NotAppliedRecords:
                              [(i, json_compact(e.to_json())) for i, e in enumerate(log.last)])
             conn.execute("INSERT OR REPLACE INTO peer_meta(key, value) VALUES('notAppliedCount', ?)", (str(log.count),))
 
+    def clear(self) -> int:
+        """Empty the kept list, and withdraw any request to (:meth:`request_clear`); returns the
+        count it held."""
+        with self.store.transaction():
+            count = self.load().count
+            self.save(NotAppliedLog())
+            self.answer_clear()
+        return count
+
+    def request_clear(self) -> None:
+        """Ask the peer running on this store (another process: a node) to empty its list. It
+        looks about once a second (:meth:`clear_requested`), empties its own list and the kept
+        one, says so in its status file, then withdraws the request (:meth:`answer_clear`)."""
+        with self.store.transaction():
+            self.store.conn.execute(f"INSERT OR REPLACE INTO peer_meta(key, value) VALUES('{_CLEAR_REQUEST}', '1')")
+
+    def clear_requested(self) -> bool:
+        return self.store.conn.execute(f"SELECT 1 FROM peer_meta WHERE key='{_CLEAR_REQUEST}'").fetchone() is not None
+
+    def answer_clear(self) -> None:
+        with self.store.transaction():
+            self.store.conn.execute(f"DELETE FROM peer_meta WHERE key='{_CLEAR_REQUEST}'")
+
+
+#: The ``peer_meta`` key of a request to clear the not-applied list (``status --clear-not-applied``).
+_CLEAR_REQUEST: Final = "notAppliedClear"
+
 
 def _json_or_none(text: str) -> Any:
     try:
