@@ -10,13 +10,14 @@ Layout choices, measured on these machines (docs/benchmarks.md, FACTS.md):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Final, NamedTuple, Protocol
 
@@ -794,6 +795,26 @@ class Store:
         low, high = cid + ":", cid + ";"
         return bool(self.scalar(_BLOB_REFERENCED_SQL, (low, high, low, high)))
 
+    def try_begin_immediate(self) -> bool:
+        """``BEGIN IMMEDIATE`` if the write lock is free now, without waiting for another
+        connection's writer; whether the transaction is open (the caller ends it)."""
+        with self.no_busy_wait():
+            try:
+                self.conn.execute("BEGIN IMMEDIATE")
+            except apsw.BusyError:
+                return False
+        return True
+
+    @contextlib.contextmanager
+    def no_busy_wait(self) -> Iterator[None]:
+        """Inside, a statement that meets another connection's lock fails at once (BUSY) instead
+        of waiting up to ``busy_timeout``."""
+        self.conn.set_busy_handler(None)
+        try:
+            yield
+        finally:
+            self.conn.set_busy_handler(_busy_handler(self.busy_timeout))
+
     def collect_blobs(self, *, everything: bool = False) -> int:
         """Remove the blob files no committed row references: those reported since the last
         commit, or (``everything``, on open) all of the directory. Returns how many went.
@@ -811,13 +832,8 @@ class Store:
             return 0
         # Without waiting: a collection is never worth holding up the caller (an open, a node
         # after its commit) behind another process's writer; the files wait for the next one.
-        self.conn.set_busy_handler(None)
-        try:
-            self.conn.execute("BEGIN IMMEDIATE")
-        except apsw.BusyError:
+        if not self.try_begin_immediate():
             return 0
-        finally:
-            self.conn.set_busy_handler(_busy_handler(self.busy_timeout))
         removed = 0
         try:
             for cid in candidates:

@@ -25,6 +25,8 @@ from p2psync.blip.wire import WIDE_UNACKED_BYTES
 from p2psync.dwn import datacid
 from p2psync.dwn.blobs import BLOB_THRESHOLD
 from p2psync.replication.effects import (
+    Apply,
+    ApplyBatch,
     AwaitClaim,
     ClaimMessages,
     CloseConnection,
@@ -77,6 +79,9 @@ REPLICATION_MAX_MESSAGE: Final = 2 * MAX_INLINE_PER_DEPENDENCIES
 #: connection that adds more is closed with 1013. Ten proven strangers at their caps then hold
 #: at most this much, not 10 × 32 MiB. Ours.
 SERVED_GATHER_BYTES: Final = 8 * REPLICATION_MAX_MESSAGE
+#: The store requests that write a batch of the group commit; the driver takes the store's
+#: write lock for them without stopping the event loop (:meth:`PeerSession._write_lock_free`).
+_APPLIES: Final = frozenset({Apply, ApplyBatch})
 #: How often a continuous feed looks at the log when no local commit woke it (writes by other
 #: processes on the same store file are only seen this way). Ours.
 POLL_INTERVAL: Final = 0.5
@@ -119,6 +124,9 @@ class PeerSession:
         self._durable: dict[Any, list[int]] = {}  # group-commit batch -> refs waiting for it
         self._rids = 0
         self._handlers: dict[str, Handler] | None = None
+        #: outputs waiting, in order, for the store's write lock (:meth:`_write_lock_free`)
+        self._held: list[Any] | None = None
+        self._no_lock_wait = False
 
     # -- what the node and the peer read ------------------------------------------------------
 
@@ -199,29 +207,100 @@ class PeerSession:
     # -- the pump -------------------------------------------------------------------------------
 
     def pump(self) -> None:
-        """Carry out everything the protocol asks for now."""
+        """Carry out everything the protocol asks for now (in order: while an apply waits for
+        the store's write lock, what the protocol asked for after it waits too)."""
         proto = self.proto
-        while True:
+        while self._held is None:
             outputs = proto.outputs()
             if not outputs:
                 return
-            for out in outputs:
-                kind = type(out)
-                if kind is StoreCall:
-                    self._store(out)  # type: ignore[arg-type]
-                elif kind is SendRequest:
-                    self._send(out)  # type: ignore[arg-type]
-                elif kind is SendReply or kind is SendError:
-                    slot = self._replies.pop(out.rid, None)  # type: ignore[union-attr]
-                    if slot is not None:
-                        slot[1] = out
-                        slot[0].set()
-                elif kind is OperationFinished:
-                    tag = out.operation.tag  # type: ignore[union-attr]
-                    if tag is not None:
-                        tag.set()
-                elif kind is CloseConnection and self.conn is not None:
-                    self.conn.start_soon(self._close, out)
+            self._dispatch(outputs)
+
+    def _dispatch(self, outputs: list[Any]) -> None:
+        for i, out in enumerate(outputs):
+            kind = type(out)
+            if kind is StoreCall:
+                if type(out.request) in _APPLIES and not self._write_lock_free(outputs, i):
+                    return
+                self._store(out)
+            elif kind is SendRequest:
+                self._send(out)
+            elif kind is SendReply or kind is SendError:
+                slot = self._replies.pop(out.rid, None)
+                if slot is not None:
+                    slot[1] = out
+                    slot[0].set()
+            elif kind is OperationFinished:
+                tag = out.operation.tag
+                if tag is not None:
+                    tag.set()
+            elif kind is CloseConnection and self.conn is not None:
+                self.conn.start_soon(self._close, out)
+
+    def _write_lock_free(self, outputs: list[Any], i: int) -> bool:
+        """Whether the apply ``outputs[i]`` may run now: a batch is open, or the store's write
+        lock was free and one is now (led to its commit by a task of ours). Else the outputs
+        from ``i`` on wait (``_held``) for a task that waits for the lock without stopping the
+        event loop (:meth:`GroupCommitter.open`), then carries them out."""
+        committer = self.service.committer
+        if self._no_lock_wait or committer.in_batch:
+            return True
+        assert self.conn is not None
+        batch = committer.try_open()
+        if batch is not None:
+            self._lead_soon(batch)
+            return True
+        self.conn.start_soon(self._await_write_lock)  # raises if the connection ended: nothing held
+        self._held = outputs[i:]
+        return False
+
+    async def _await_write_lock(self) -> None:
+        batch = None
+        try:
+            batch = await self.service.committer.open()
+            if batch is None:
+                log.warning("another process held the store's write lock for %g s: the applies waiting for it fail",
+                            self.service.store.busy_timeout)
+        finally:  # cancelled too (the connection ended): the driver must not stay held
+            if batch is not None:
+                self._lead_soon(batch)
+            self._release_held()
+
+    def _release_held(self) -> None:
+        """Carry out the outputs held for the write lock: into the open batch, or failing at
+        once (BUSY) if the lock is still taken. Once the connection has ended, only what
+        resolves this side's own waits (replies, finished operations) is left to do."""
+        held, self._held = self._held, None
+        if held is None:
+            return
+        ended = self.conn is None or self.conn.closed
+        if ended:  # the connection-loss paths pump the rest once the protocol knows
+            held = [out for out in held if type(out) in (SendReply, SendError, OperationFinished)]
+        self._no_lock_wait = True
+        try:
+            with contextlib.ExitStack() as stack:
+                if not self.service.committer.in_batch:
+                    stack.enter_context(self.service.store.no_busy_wait())
+                self._dispatch(held)
+        finally:
+            self._no_lock_wait = False
+        if not ended:
+            self.pump()
+
+    def _lead_soon(self, batch: Any) -> None:
+        """Have a task commit a batch the lock gate opened, even if no write joins it (an apply
+        refused before writing): nobody else might, and it holds the store's write lock. On a
+        connection that ended, commit it now."""
+        try:
+            assert self.conn is not None
+            self.conn.start_soon(self._lead, batch)
+        except blip.ConnectionClosed:
+            with contextlib.suppress(StoreUnavailable):
+                self.service.committer.flush()
+
+    async def _lead(self, batch: Any) -> None:
+        with contextlib.suppress(StoreUnavailable):
+            await self.service.committer.durable(batch)
 
     def _store(self, call: StoreCall) -> None:
         request = call.request
@@ -323,6 +402,7 @@ class PeerSession:
                 with trio.move_on_after(POLL_INTERVAL):
                     await committer.wait_commit()
             else:
+                await committer.open()  # with the loop running, while another process writes
                 value = await committer.write(self.service.writer(request))
         except StoreUnavailable as exc:
             self.proto.store_failed(call.ref, exc.as_refusal())

@@ -12,6 +12,12 @@ a commit's pages of the random-key indexes are shared by more messages).
 Everything runs on the trio thread, so there is no lock: :meth:`run` executes a synchronous
 write now, inside the open transaction, and returns a ticket; :meth:`durable` yields a few
 scheduling rounds (so writers that are already runnable join the batch), then commits.
+
+Opening a batch takes the store's write lock (``BEGIN IMMEDIATE``). When another process holds
+it (a ``p2psync write`` or ``sync`` on the same store), :meth:`run` would wait in SQLite's busy
+handler with the event loop stopped, every connection with it. A driver that can wait instead
+calls :meth:`open` first: it polls the lock with trio sleeps, so the loop goes on serving, and
+returns with a batch open (p2psync/peer/session.py does, before an apply).
 Writes that must be atomic with a batch (ledger steps for the applied messages) register a
 :meth:`before_commit` hook.
 
@@ -57,6 +63,11 @@ MAX_BATCH_BYTES: Final = 32 * 1024 * 1024
 #: Idle scheduling rounds before committing: enough for a `rev` handler that was woken by the
 #: previous apply to reach :meth:`run` (it needs one round to wake, one to decode and apply).
 _IDLE_ROUNDS: Final = 3
+#: :meth:`GroupCommitter.open`'s first and longest wait between two tries of the write lock, in
+#: seconds (it doubles). Ours: SQLite's own busy handler here polls every 0.5–5 ms; a writer
+#: of ours holds the lock for a batch, ~0.1 s.
+_OPEN_POLL_FIRST: Final = 0.001
+_OPEN_POLL_MAX: Final = 0.05
 
 
 class StoreUnavailable(LocalFailure):
@@ -94,10 +105,39 @@ class GroupCommitter:
         self._after_commit: list[Callable[[], object]] = []
         #: commits so far (for tests and metrics)
         self.commits = 0
+        #: times :meth:`open` found the write lock taken by another connection and waited
+        self.lock_waits = 0
 
     @property
     def in_batch(self) -> bool:
         return self._batch is not None
+
+    def try_open(self) -> _Batch | None:
+        """Open a batch if the store's write lock is free now (never waits); the batch now
+        open, or None when another connection holds the lock. A batch opened here has no
+        writer that will commit it yet: the caller leads it (:meth:`durable`)."""
+        if self._batch is not None:
+            return self._batch
+        if not self.store.try_begin_immediate():
+            return None
+        self._numbers += 1
+        self._batch = _Batch(self._numbers)
+        return self._batch
+
+    async def open(self) -> _Batch | None:
+        """Until a batch is open: at once if one is or the lock is free, else trying the lock
+        again after a trio sleep (the event loop runs meanwhile), for up to the store's busy
+        timeout. The batch, or None if another connection held the lock all that time."""
+        batch = self.try_open()
+        if batch is not None:
+            return batch
+        self.lock_waits += 1
+        delay, deadline = _OPEN_POLL_FIRST, trio.current_time() + self.store.busy_timeout
+        while batch is None and trio.current_time() < deadline:
+            await trio.sleep(delay)
+            delay = min(2 * delay, _OPEN_POLL_MAX)
+            batch = self.try_open()
+        return batch
 
     def run(self, fn: Callable[[], T], *, size: int = 0, writes: Callable[[T], int] | None = None) -> tuple[T, _Batch]:
         """Run the synchronous write ``fn`` inside the open batch (opening one); returns its
@@ -107,11 +147,11 @@ class GroupCommitter:
         stands for (one when not given), counted against ``max_writes``."""
         batch = self._batch
         if batch is None:
+            # IMMEDIATE: take the write lock now, so another process's writer waits here
+            # instead of failing this batch at COMMIT. (A BUSY here leaves no batch behind.)
+            self.store.conn.execute("BEGIN IMMEDIATE")
             self._numbers += 1
             batch = self._batch = _Batch(self._numbers)
-            # IMMEDIATE: take the write lock now, so another process's writer waits here
-            # instead of failing this batch at COMMIT.
-            self.store.conn.execute("BEGIN IMMEDIATE")
         result = fn()
         batch.writes += 1 if writes is None else writes(result)
         batch.bytes += size

@@ -144,3 +144,61 @@ def test_window_hands_out_the_finished_prefix_in_order() -> None:
     assert len(window) == 0
     with pytest.raises(ValueError):
         window.add(_token(4))  # not after the last token listed
+
+
+async def test_open_waits_for_another_connections_lock_with_the_loop_running(tmp_path: Path) -> None:
+    """Another process's writer holds the lock: `open` lets other tasks run (here, the one that
+    ends that writer's transaction) and returns with a batch open; `try_open` never waits."""
+    store = Store(tmp_path / "s.db")
+    _table(store)
+    committer = GroupCommitter(store)
+    other = apsw.Connection(str(tmp_path / "s.db"))  # to SQLite, another process's connection
+    other.execute("BEGIN IMMEDIATE")
+    other.execute("INSERT INTO t VALUES(0)")
+    assert committer.try_open() is None and not committer.in_batch
+    ran: list[int] = []
+
+    async def other_writer_finishes() -> None:
+        for i in range(3):  # runs only if `open` does not stop the loop
+            await trio.sleep(0.01)
+            ran.append(i)
+        other.execute("COMMIT")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(other_writer_finishes)
+        batch = await committer.open()
+    assert batch is not None and committer.in_batch and committer.lock_waits == 1 and ran == [0, 1, 2]
+    committer.run(lambda: store.conn.execute("INSERT INTO t VALUES(1)"))
+    await committer.durable(batch)
+    assert _count(tmp_path / "s.db") == 2
+    assert await committer.open() is not None and committer.lock_waits == 1  # free: no wait
+    committer.flush()
+    other.close()
+
+
+async def test_open_gives_up_after_the_stores_busy_timeout(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.db", busy_timeout=0.2)
+    _table(store)
+    committer = GroupCommitter(store)
+    other = apsw.Connection(str(tmp_path / "s.db"))
+    other.execute("BEGIN IMMEDIATE")
+    assert await committer.open() is None and not committer.in_batch
+    other.execute("ROLLBACK")
+    assert await committer.open() is not None
+    committer.flush()
+    other.close()
+
+
+async def test_a_write_that_cannot_take_the_lock_leaves_no_batch_behind(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.db", busy_timeout=0.05)
+    _table(store)
+    committer = GroupCommitter(store)
+    other = apsw.Connection(str(tmp_path / "s.db"))
+    other.execute("BEGIN IMMEDIATE")
+    with pytest.raises(apsw.BusyError):
+        committer.run(lambda: store.conn.execute("INSERT INTO t VALUES(0)"))
+    assert not committer.in_batch
+    other.execute("ROLLBACK")
+    await committer.write(lambda: store.conn.execute("INSERT INTO t VALUES(1)"))
+    assert committer.commits == 1 and _count(tmp_path / "s.db") == 1
+    other.close()

@@ -12,10 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import apsw
+import trio
 
+from p2psync.dwn.store import Store
 from p2psync.peer.peer import Peer
 from p2psync.peer.session import PeerSession
-from p2psync.replication.effects import SendReply
+from p2psync.replication.effects import Apply, ApplyBatch, SendReply, StoreCall
 from tests.peer.support import Clock, assert_same, new_store, seeded, served, write_notes
 
 ALICE = seeded("group-commit")
@@ -71,3 +73,58 @@ async def test_replies_wait_for_the_commit_that_holds_them(tmp_path: Path) -> No
     assert all(committed >= replies for replies, committed in observer.seen), observer.seen
     assert_same(source, sink, ALICE)
 
+
+
+async def test_a_sink_waits_for_another_writers_lock_without_stopping_the_loop(tmp_path: Path) -> None:
+    """Another process takes the sink's write lock just as the pull's first apply comes (a
+    `p2psync write` beside a node). The sink waits for it with the event loop running: the task
+    that ends that writer's transaction runs, then every message applies and none is refused.
+    (Before, the apply waited in SQLite's busy handler with the loop stopped, so that task could
+    not run, and after the busy timeout the apply failed.)"""
+    source = new_store(tmp_path, "source")
+    write_notes(source, ALICE, NOTES, clock=Clock())
+    sink = Store(tmp_path / "sink.db", busy_timeout=3.0)
+    puller = Peer(sink, ALICE)
+    other = apsw.Connection(str(tmp_path / "sink.db"))  # to SQLite, another process's writer
+    taken = trio.Event()
+    new_session = puller._new_session
+
+    def session(*args: Any) -> PeerSession:
+        made = new_session(*args)
+        outputs = made.proto.outputs
+
+        def other_writer_first() -> list[Any]:
+            out = outputs()
+            if not taken.is_set() and any(isinstance(o, StoreCall) and isinstance(o.request, Apply | ApplyBatch)
+                                          for o in out):
+                other.execute("BEGIN IMMEDIATE")  # before the driver carries the apply out
+                taken.set()
+            return out
+
+        made.proto.outputs = other_writer_first  # type: ignore[method-assign]
+        return made
+
+    puller._new_session = session  # type: ignore[method-assign]
+    ticks: list[int] = []
+
+    async def other_writer_finishes() -> None:
+        await taken.wait()
+        while puller.committer.lock_waits == 0:
+            await trio.sleep(0.005)
+        for i in range(3):  # the loop runs while the sink waits for the lock
+            await trio.sleep(0.01)
+            ticks.append(i)
+        other.execute("COMMIT")
+
+    async with served(Peer(source, ALICE)) as url, trio.open_nursery() as nursery:
+        nursery.start_soon(other_writer_finishes)
+        try:
+            summary = await puller.sync(url, tenant=ALICE.did, direction="pull")
+        finally:
+            nursery.cancel_scope.cancel()
+            if other.in_transaction:
+                other.execute("ROLLBACK")
+    assert summary.pull is not None and summary.pull.results == {"Applied": NOTES}
+    assert taken.is_set() and puller.committer.lock_waits >= 1 and ticks == [0, 1, 2]
+    assert_same(source, sink, ALICE)
+    other.close()
