@@ -17,9 +17,10 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
+import apsw
 import trio
 
-from p2psync import blip
+from p2psync import blip, errors
 from p2psync.blip.rpc import MAX_QUEUED_REPLY_BYTES_HARD
 from p2psync.blip.wire import WIDE_UNACKED_BYTES
 from p2psync.dwn import datacid
@@ -276,11 +277,12 @@ class PeerSession:
         ended = self.conn is None or self.conn.closed
         if ended:  # the connection-loss paths pump the rest once the protocol knows
             held = [out for out in held if type(out) in (SendReply, SendError, OperationFinished)]
-        self._no_lock_wait = True
+        # No batch open: the wait gave up (or was cancelled). The applies go ahead, failing at
+        # once if the lock is still taken; otherwise the gate stays (a batch cut at its size
+        # limit among the held applies makes the next one wait again).
+        gave_up = self._no_lock_wait = not self.service.committer.in_batch
         try:
-            with contextlib.ExitStack() as stack:
-                if not self.service.committer.in_batch:
-                    stack.enter_context(self.service.store.no_busy_wait())
+            with self.service.store.no_busy_wait() if gave_up else contextlib.nullcontext():
                 self._dispatch(held)
         finally:
             self._no_lock_wait = False
@@ -327,13 +329,20 @@ class PeerSession:
                 self.conn.start_soon(self._read_file, call, reference)
                 return
         if call.ref < 0:
-            if isinstance(request, RecordSteps) and request.at_commit:
-                self.service.record_at_commit(request, self.proto.fail_feed)
-            else:
-                try:
+            try:
+                if isinstance(request, RecordSteps) and request.at_commit:
+                    self.service.record_at_commit(request, self.proto.fail_feed)
+                else:
                     self.service.run(request)
-                except PeerError as exc:
-                    log.info("store request %s: %s", type(request).__name__, exc)
+            except PeerError as exc:
+                log.info("store request %s: %s", type(request).__name__, exc)
+            except (apsw.Error, errors.LocalFailure) as exc:
+                # Nobody waits for its answer, and a step of the link's record is lost: end the
+                # connection (its round fails and is tried again) rather than go on without it.
+                log.error("store request %s failed: %s; closing the connection", type(request).__name__, exc)
+                if self.conn is not None and not self.conn.closed:
+                    with contextlib.suppress(blip.ConnectionClosed):
+                        self.conn.start_soon(self._close, CloseConnection(1013, "P2PSync 503 StoreUnavailable"))
             return
         try:
             value = self.service.run(request)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import apsw
+import pytest
 import trio
 
 from p2psync.dwn.store import Store
@@ -75,18 +76,9 @@ async def test_replies_wait_for_the_commit_that_holds_them(tmp_path: Path) -> No
 
 
 
-async def test_a_sink_waits_for_another_writers_lock_without_stopping_the_loop(tmp_path: Path) -> None:
-    """Another process takes the sink's write lock just as the pull's first apply comes (a
-    `p2psync write` beside a node). The sink waits for it with the event loop running: the task
-    that ends that writer's transaction runs, then every message applies and none is refused.
-    (Before, the apply waited in SQLite's busy handler with the loop stopped, so that task could
-    not run, and after the busy timeout the apply failed.)"""
-    source = new_store(tmp_path, "source")
-    write_notes(source, ALICE, NOTES, clock=Clock())
-    sink = Store(tmp_path / "sink.db", busy_timeout=3.0)
-    puller = Peer(sink, ALICE)
-    other = apsw.Connection(str(tmp_path / "sink.db"))  # to SQLite, another process's writer
-    taken = trio.Event()
+def _other_writer_takes_the_lock_first(puller: Peer, other: apsw.Connection, taken: trio.Event) -> None:
+    """Have ``other`` (to SQLite, another process's writer) take the sink's write lock just as the
+    protocol first asks its driver to apply messages, before the driver carries that out."""
     new_session = puller._new_session
 
     def session(*args: Any) -> PeerSession:
@@ -97,7 +89,7 @@ async def test_a_sink_waits_for_another_writers_lock_without_stopping_the_loop(t
             out = outputs()
             if not taken.is_set() and any(isinstance(o, StoreCall) and isinstance(o.request, Apply | ApplyBatch)
                                           for o in out):
-                other.execute("BEGIN IMMEDIATE")  # before the driver carries the apply out
+                other.execute("BEGIN IMMEDIATE")
                 taken.set()
             return out
 
@@ -105,6 +97,21 @@ async def test_a_sink_waits_for_another_writers_lock_without_stopping_the_loop(t
         return made
 
     puller._new_session = session  # type: ignore[method-assign]
+
+
+async def test_a_sink_waits_for_another_writers_lock_without_stopping_the_loop(tmp_path: Path) -> None:
+    """Another process takes the sink's write lock just as the pull's first apply comes (a
+    `p2psync write` beside a node). The sink waits for it with the event loop running: the task
+    that ends that writer's transaction runs, then every message applies and none is refused.
+    (Before, the apply waited in SQLite's busy handler with the loop stopped, so that task could
+    not run, and after the busy timeout the apply failed.)"""
+    source = new_store(tmp_path, "source")
+    write_notes(source, ALICE, NOTES, clock=Clock())
+    sink = Store(tmp_path / "sink.db", busy_timeout=3.0)
+    puller = Peer(sink, ALICE)
+    other = apsw.Connection(str(tmp_path / "sink.db"))
+    taken = trio.Event()
+    _other_writer_takes_the_lock_first(puller, other, taken)
     ticks: list[int] = []
 
     async def other_writer_finishes() -> None:
@@ -126,5 +133,29 @@ async def test_a_sink_waits_for_another_writers_lock_without_stopping_the_loop(t
                 other.execute("ROLLBACK")
     assert summary.pull is not None and summary.pull.results == {"Applied": NOTES}
     assert taken.is_set() and puller.committer.lock_waits >= 1 and ticks == [0, 1, 2]
+    assert_same(source, sink, ALICE)
+    other.close()
+
+
+async def test_a_lock_held_past_the_busy_timeout_refuses_the_applies_and_loses_nothing(tmp_path: Path) -> None:
+    """The other writer keeps the lock past the sink's busy timeout: the waiting applies fail at
+    once (no second wait in SQLite's busy handler), the connection ends with 503, and the sync
+    gives up when it cannot record that in its ledger either (the lock is still taken). Once the
+    writer is gone, the next sync applies everything."""
+    source = new_store(tmp_path, "source")
+    write_notes(source, ALICE, NOTES, clock=Clock())
+    sink = Store(tmp_path / "sink.db", busy_timeout=0.2)
+    puller = Peer(sink, ALICE)
+    other = apsw.Connection(str(tmp_path / "sink.db"))
+    taken = trio.Event()
+    _other_writer_takes_the_lock_first(puller, other, taken)
+    async with served(Peer(source, ALICE)) as url:
+        with pytest.raises(apsw.BusyError):
+            await puller.sync(url, tenant=ALICE.did, direction="pull")
+        assert taken.is_set() and puller.committer.lock_waits >= 1 and not puller.committer.in_batch
+        assert sink.conn.execute("SELECT count(*) FROM messages").fetchone()[0] == 0
+        other.execute("ROLLBACK")
+        summary = await puller.sync(url, tenant=ALICE.did, direction="pull")
+    assert summary.pull is not None and summary.pull.results == {"Applied": NOTES}
     assert_same(source, sink, ALICE)
     other.close()
