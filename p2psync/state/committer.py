@@ -64,10 +64,11 @@ MAX_BATCH_BYTES: Final = 32 * 1024 * 1024
 #: previous apply to reach :meth:`run` (it needs one round to wake, one to decode and apply).
 _IDLE_ROUNDS: Final = 3
 #: :meth:`GroupCommitter.open`'s first and longest wait between two tries of the write lock, in
-#: seconds (it doubles). Ours: SQLite's own busy handler here polls every 0.5–5 ms; a writer
-#: of ours holds the lock for a batch, ~0.1 s.
-_OPEN_POLL_FIRST: Final = 0.001
-_OPEN_POLL_MAX: Final = 0.05
+#: seconds (it doubles). Ours: as often as the other processes' busy handlers try
+#: (p2psync/dwn/store.py, every 0.5–5 ms), so the node keeps its turns among them; a try costs
+#: ~8 µs.
+_OPEN_POLL_FIRST: Final = 0.0005
+_OPEN_POLL_MAX: Final = 0.005
 
 
 class StoreUnavailable(LocalFailure):
