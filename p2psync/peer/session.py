@@ -33,15 +33,20 @@ from p2psync.replication.effects import (
     CloseConnection,
     Collection,
     Durable,
+    OpenLink,
     Operation,
     OperationFinished,
     ReadOffered,
     RecordSteps,
+    RecordSuccess,
     ReleaseClaims,
+    ResetCheckpoint,
+    RewindCheckpoint,
     SendError,
     SendReply,
     SendRequest,
     StoreCall,
+    Transition,
     WaitForLog,
 )
 from p2psync.replication.hello import Hello
@@ -80,9 +85,12 @@ REPLICATION_MAX_MESSAGE: Final = 2 * MAX_INLINE_PER_DEPENDENCIES
 #: connection that adds more is closed with 1013. Ten proven strangers at their caps then hold
 #: at most this much, not 10 × 32 MiB. Ours.
 SERVED_GATHER_BYTES: Final = 8 * REPLICATION_MAX_MESSAGE
-#: The store requests that write a batch of the group commit; the driver takes the store's
-#: write lock for them without stopping the event loop (:meth:`PeerSession._write_lock_free`).
-_APPLIES: Final = frozenset({Apply, ApplyBatch})
+#: The synchronous store requests that write: applies (a batch of the group commit) and the
+#: ledger's steps. The driver takes the store's write lock for them without stopping the event
+#: loop (:meth:`PeerSession._write_lock_free`); a ledger step then joins the batch the gate
+#: opened, committed a few scheduling rounds later.
+_WRITES: Final = frozenset({Apply, ApplyBatch, RecordSteps, OpenLink, RewindCheckpoint, ResetCheckpoint, Transition,
+                            RecordSuccess})
 #: How often a continuous feed looks at the log when no local commit woke it (writes by other
 #: processes on the same store file are only seen this way). Ours.
 POLL_INTERVAL: Final = 0.5
@@ -208,7 +216,7 @@ class PeerSession:
     # -- the pump -------------------------------------------------------------------------------
 
     def pump(self) -> None:
-        """Carry out everything the protocol asks for now (in order: while an apply waits for
+        """Carry out everything the protocol asks for now (in order: while a write waits for
         the store's write lock, what the protocol asked for after it waits too)."""
         proto = self.proto
         while self._held is None:
@@ -221,7 +229,7 @@ class PeerSession:
         for i, out in enumerate(outputs):
             kind = type(out)
             if kind is StoreCall:
-                if type(out.request) in _APPLIES and not self._write_lock_free(outputs, i):
+                if type(out.request) in _WRITES and not self._write_lock_free(outputs, i):
                     return
                 self._store(out)
             elif kind is SendRequest:
@@ -239,7 +247,7 @@ class PeerSession:
                 self.conn.start_soon(self._close, out)
 
     def _write_lock_free(self, outputs: list[Any], i: int) -> bool:
-        """Whether the apply ``outputs[i]`` may run now: a batch is open, or the store's write
+        """Whether the write ``outputs[i]`` may run now: a batch is open, or the store's write
         lock was free and one is now (led to its commit by a task of ours). Else the outputs
         from ``i`` on wait (``_held``) for a task that waits for the lock without stopping the
         event loop (:meth:`GroupCommitter.open`), then carries them out."""
@@ -269,25 +277,34 @@ class PeerSession:
 
     def _release_held(self) -> None:
         """Carry out the outputs held for the write lock: into the open batch, or failing at
-        once (BUSY) if the lock is still taken. Once the connection has ended, only what
-        resolves this side's own waits (replies, finished operations) is left to do."""
+        once (BUSY) if the lock is still taken (the wait gave up, or was cancelled)."""
         held, self._held = self._held, None
         if held is None:
             return
-        ended = self.conn is None or self.conn.closed
-        if ended:  # the connection-loss paths pump the rest once the protocol knows
-            held = [out for out in held if type(out) in (SendReply, SendError, OperationFinished)]
-        # No batch open: the wait gave up (or was cancelled). The applies go ahead, failing at
-        # once if the lock is still taken; otherwise the gate stays (a batch cut at its size
-        # limit among the held applies makes the next one wait again).
-        gave_up = self._no_lock_wait = not self.service.committer.in_batch
+        if self.conn is not None and not self.conn.closed:
+            gave_up = self._no_lock_wait = not self.service.committer.in_batch
+            try:  # with a batch open the gate stays: one cut at its size limit among them waits again
+                with self.service.store.no_busy_wait() if gave_up else contextlib.nullcontext():
+                    self._dispatch(held)
+            finally:
+                self._no_lock_wait = False
+            self.pump()
+            return
+        # The connection ended while they waited: do what needs no connection (store requests,
+        # claims released, replies and finished operations), each on its own; the protocol
+        # learns of the loss from the connection-loss paths, which pump after telling it.
+        self._no_lock_wait = True
         try:
-            with self.service.store.no_busy_wait() if gave_up else contextlib.nullcontext():
-                self._dispatch(held)
+            with self.service.store.no_busy_wait() if not self.service.committer.in_batch else contextlib.nullcontext():
+                outputs: list[Any] = held
+                while outputs:
+                    for out in outputs:
+                        if type(out) is not SendRequest and type(out) is not CloseConnection:
+                            with contextlib.suppress(blip.ConnectionClosed):
+                                self._dispatch([out])
+                    outputs = self.proto.outputs()
         finally:
             self._no_lock_wait = False
-        if not ended:
-            self.pump()
 
     def _lead_soon(self, batch: Any) -> None:
         """Have a task commit a batch the lock gate opened, even if no write joins it (an apply

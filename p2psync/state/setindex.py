@@ -158,16 +158,20 @@ class SetIndex:
 
         return unsubscribe
 
-    def catch_up(self) -> list[SetChange]:
+    def catch_up(self, *, wait: bool = True) -> list[SetChange]:
         """Fold the journal into ``set_digests`` and tell the subscribers; returns the changes
         this index had not seen, in journal order (a CID's changes that cancel out are left
-        out). Does nothing while the connection is in a transaction (see the module doc)."""
+        out). Does nothing while the connection is in a transaction (see the module doc), nor,
+        unless ``wait``, while another connection holds the write lock."""
         conn = self.store.conn
         if conn.in_transaction:
             return []
         if not self._has_work():
             return []
-        conn.execute("BEGIN IMMEDIATE")
+        if wait:
+            conn.execute("BEGIN IMMEDIATE")
+        elif not self.store.try_begin_immediate():
+            return []
         try:
             changes, reset, floor = self._fold()
             for sub in list(self._subscriptions):
@@ -187,7 +191,9 @@ class SetIndex:
     def catch_up_if_due(self) -> list[SetChange]:
         """:meth:`catch_up` once :data:`FOLD_BATCH` journal rows wait, or when another connection
         folded or a subscriber has built nothing yet; else nothing (a node calls it after each
-        commit). Every answer stays exact: :meth:`digest` and the sketches fold before they read."""
+        commit, on its event loop: so it never waits for another process's write lock, and the
+        fold is left for the next commit). Every answer stays exact: :meth:`digest` and the
+        sketches fold before they read."""
         conn = self.store.conn
         if conn.in_transaction:
             return []
@@ -198,7 +204,7 @@ class SetIndex:
             waiting = 0 if last is None or last[0] is None else int(last[0]) - floor
             if floor == self._seen and waiting < FOLD_BATCH:
                 return []
-        return self.catch_up()
+        return self.catch_up(wait=False)
 
     def _has_work(self) -> bool:
         if self._seen is None or any(sub.fresh for sub in self._subscriptions):
