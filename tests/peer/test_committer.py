@@ -146,14 +146,20 @@ def test_window_hands_out_the_finished_prefix_in_order() -> None:
         window.add(_token(4))  # not after the last token listed
 
 
+def _locked_by_another(tmp_path: Path, busy_timeout: float = 5.0) -> tuple[Store, GroupCommitter, apsw.Connection]:
+    """A store, its committer, and a second connection (to SQLite, another process's writer)
+    holding the write lock."""
+    store = Store(tmp_path / "s.db", busy_timeout=busy_timeout)
+    _table(store)
+    other = apsw.Connection(str(tmp_path / "s.db"))
+    other.execute("BEGIN IMMEDIATE")
+    return store, GroupCommitter(store), other
+
+
 async def test_open_waits_for_another_connections_lock_with_the_loop_running(tmp_path: Path) -> None:
     """Another process's writer holds the lock: `open` lets other tasks run (here, the one that
     ends that writer's transaction) and returns with a batch open; `try_open` never waits."""
-    store = Store(tmp_path / "s.db")
-    _table(store)
-    committer = GroupCommitter(store)
-    other = apsw.Connection(str(tmp_path / "s.db"))  # to SQLite, another process's connection
-    other.execute("BEGIN IMMEDIATE")
+    store, committer, other = _locked_by_another(tmp_path)
     other.execute("INSERT INTO t VALUES(0)")
     assert committer.try_open() is None and not committer.in_batch
     ran: list[int] = []
@@ -177,11 +183,7 @@ async def test_open_waits_for_another_connections_lock_with_the_loop_running(tmp
 
 
 async def test_open_gives_up_after_the_stores_busy_timeout(tmp_path: Path) -> None:
-    store = Store(tmp_path / "s.db", busy_timeout=0.2)
-    _table(store)
-    committer = GroupCommitter(store)
-    other = apsw.Connection(str(tmp_path / "s.db"))
-    other.execute("BEGIN IMMEDIATE")
+    _, committer, other = _locked_by_another(tmp_path, busy_timeout=0.2)
     assert await committer.open() is None and not committer.in_batch
     other.execute("ROLLBACK")
     assert await committer.open() is not None
@@ -190,11 +192,7 @@ async def test_open_gives_up_after_the_stores_busy_timeout(tmp_path: Path) -> No
 
 
 async def test_a_write_that_cannot_take_the_lock_leaves_no_batch_behind(tmp_path: Path) -> None:
-    store = Store(tmp_path / "s.db", busy_timeout=0.05)
-    _table(store)
-    committer = GroupCommitter(store)
-    other = apsw.Connection(str(tmp_path / "s.db"))
-    other.execute("BEGIN IMMEDIATE")
+    store, committer, other = _locked_by_another(tmp_path, busy_timeout=0.05)
     with pytest.raises(apsw.BusyError):
         committer.run(lambda: store.conn.execute("INSERT INTO t VALUES(0)"))
     assert not committer.in_batch

@@ -76,6 +76,21 @@ async def test_replies_wait_for_the_commit_that_holds_them(tmp_path: Path) -> No
 
 
 
+def _pull_beside_another_writer(tmp_path: Path, busy_timeout: float) -> tuple[Store, Store, Peer, apsw.Connection,
+                                                                             trio.Event]:
+    """A source of NOTES notes, a sink store and its puller, and a second connection to the sink
+    (to SQLite, another process's writer) that takes the write lock when the protocol first asks
+    the puller's driver to apply messages (``taken`` is set then)."""
+    source = new_store(tmp_path, "source")
+    write_notes(source, ALICE, NOTES, clock=Clock())
+    sink = Store(tmp_path / "sink.db", busy_timeout=busy_timeout)
+    puller = Peer(sink, ALICE)
+    other = apsw.Connection(str(tmp_path / "sink.db"))
+    taken = trio.Event()
+    _other_writer_takes_the_lock_first(puller, other, taken)
+    return source, sink, puller, other, taken
+
+
 def _other_writer_takes_the_lock_first(puller: Peer, other: apsw.Connection, taken: trio.Event) -> None:
     """Have ``other`` (to SQLite, another process's writer) take the sink's write lock just as the
     protocol first asks its driver to apply messages, before the driver carries that out."""
@@ -105,13 +120,7 @@ async def test_a_sink_waits_for_another_writers_lock_without_stopping_the_loop(t
     that ends that writer's transaction runs, then every message applies and none is refused.
     (Before, the apply waited in SQLite's busy handler with the loop stopped, so that task could
     not run, and after the busy timeout the apply failed.)"""
-    source = new_store(tmp_path, "source")
-    write_notes(source, ALICE, NOTES, clock=Clock())
-    sink = Store(tmp_path / "sink.db", busy_timeout=3.0)
-    puller = Peer(sink, ALICE)
-    other = apsw.Connection(str(tmp_path / "sink.db"))
-    taken = trio.Event()
-    _other_writer_takes_the_lock_first(puller, other, taken)
+    source, sink, puller, other, taken = _pull_beside_another_writer(tmp_path, busy_timeout=3.0)
     ticks: list[int] = []
 
     async def other_writer_finishes() -> None:
@@ -142,13 +151,7 @@ async def test_a_lock_held_past_the_busy_timeout_refuses_the_applies_and_loses_n
     once (no second wait in SQLite's busy handler), the connection ends with 503, and the sync
     gives up when it cannot record that in its ledger either (the lock is still taken). Once the
     writer is gone, the next sync applies everything."""
-    source = new_store(tmp_path, "source")
-    write_notes(source, ALICE, NOTES, clock=Clock())
-    sink = Store(tmp_path / "sink.db", busy_timeout=0.2)
-    puller = Peer(sink, ALICE)
-    other = apsw.Connection(str(tmp_path / "sink.db"))
-    taken = trio.Event()
-    _other_writer_takes_the_lock_first(puller, other, taken)
+    source, sink, puller, other, taken = _pull_beside_another_writer(tmp_path, busy_timeout=0.2)
     async with served(Peer(source, ALICE)) as url:
         with pytest.raises(apsw.BusyError):
             await puller.sync(url, tenant=ALICE.did, direction="pull")
