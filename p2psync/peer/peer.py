@@ -200,8 +200,7 @@ class Peer:
         self.settle_held()
         if not self._not_applied_records.clear_requested():
             return False
-        self.not_applied.last.clear()
-        self.not_applied.count = 0
+        self.not_applied.clear()
         self._keep_not_applied()  # with the open batch, if one is
         return True
 

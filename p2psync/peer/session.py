@@ -276,35 +276,32 @@ class PeerSession:
             self._release_held()
 
     def _release_held(self) -> None:
-        """Carry out the outputs held for the write lock: into the open batch, or failing at
-        once (BUSY) if the lock is still taken (the wait gave up, or was cancelled)."""
+        """Carry out the outputs held for the write lock. With a batch open the gate stays (one
+        cut at its size limit among them waits again); when the wait gave up (or was cancelled)
+        they run now, failing at once (BUSY) if the lock is still taken. If the connection
+        ended meanwhile, only what needs no connection is done (store requests, claims
+        released, replies, finished operations), each on its own: the protocol learns of the
+        loss from the connection-loss paths, which pump after telling it."""
         held, self._held = self._held, None
         if held is None:
             return
-        if self.conn is not None and not self.conn.closed:
-            gave_up = self._no_lock_wait = not self.service.committer.in_batch
-            try:  # with a batch open the gate stays: one cut at its size limit among them waits again
-                with self.service.store.no_busy_wait() if gave_up else contextlib.nullcontext():
-                    self._dispatch(held)
-            finally:
-                self._no_lock_wait = False
-            self.pump()
-            return
-        # The connection ended while they waited: do what needs no connection (store requests,
-        # claims released, replies and finished operations), each on its own; the protocol
-        # learns of the loss from the connection-loss paths, which pump after telling it.
-        self._no_lock_wait = True
+        ended = self.conn is None or self.conn.closed
+        gave_up = not self.service.committer.in_batch
+        self._no_lock_wait = gave_up or ended
         try:
-            with self.service.store.no_busy_wait() if not self.service.committer.in_batch else contextlib.nullcontext():
-                outputs: list[Any] = held
-                while outputs:
-                    for out in outputs:
+            with self.service.store.no_busy_wait() if gave_up else contextlib.nullcontext():
+                if not ended:
+                    self._dispatch(held)
+                while ended and held:
+                    for out in held:
                         if type(out) is not SendRequest and type(out) is not CloseConnection:
                             with contextlib.suppress(blip.ConnectionClosed):
                                 self._dispatch([out])
-                    outputs = self.proto.outputs()
+                    held = self.proto.outputs()
         finally:
             self._no_lock_wait = False
+        if not ended:
+            self.pump()
 
     def _lead_soon(self, batch: Any) -> None:
         """Have a task commit a batch the lock gate opened, even if no write joins it (an apply

@@ -134,6 +134,11 @@ class NotAppliedLog:
                     listener(e)
                 return
 
+    def clear(self) -> None:
+        """Forget every entry (a user read them: ``status --clear-not-applied``)."""
+        self.last.clear()
+        self.count = 0
+
     def to_json(self) -> dict[str, Any]:
         return {"count": self.count, "last": [e.to_json() for e in self.last]}
 

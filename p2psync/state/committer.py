@@ -12,14 +12,14 @@ a commit's pages of the random-key indexes are shared by more messages).
 Everything runs on the trio thread, so there is no lock: :meth:`run` executes a synchronous
 write now, inside the open transaction, and returns a ticket; :meth:`durable` yields a few
 scheduling rounds (so writers that are already runnable join the batch), then commits.
+Writes that must be atomic with a batch (ledger steps for the applied messages) register a
+:meth:`before_commit` hook.
 
 Opening a batch takes the store's write lock (``BEGIN IMMEDIATE``). When another process holds
 it (a ``p2psync write`` or ``sync`` on the same store), :meth:`run` would wait in SQLite's busy
 handler with the event loop stopped, every connection with it. A driver that can wait instead
 calls :meth:`open` first: it polls the lock with trio sleeps, so the loop goes on serving, and
-returns with a batch open (p2psync/peer/session.py does, before an apply).
-Writes that must be atomic with a batch (ledger steps for the applied messages) register a
-:meth:`before_commit` hook.
+returns with a batch open (p2psync/peer/session.py does, before a connection's writes).
 
 :meth:`after_commit` registers a function called after every successful COMMIT, before any
 other task runs (so before another batch opens): the set index folds its journal there
@@ -121,9 +121,7 @@ class GroupCommitter:
             return self._batch
         if not self.store.try_begin_immediate():
             return None
-        self._numbers += 1
-        self._batch = _Batch(self._numbers)
-        return self._batch
+        return self._opened()
 
     async def open(self) -> _Batch | None:
         """Until a batch is open: at once if one is or the lock is free, else trying the lock
@@ -151,14 +149,19 @@ class GroupCommitter:
             # IMMEDIATE: take the write lock now, so another process's writer waits here
             # instead of failing this batch at COMMIT. (A BUSY here leaves no batch behind.)
             self.store.conn.execute("BEGIN IMMEDIATE")
-            self._numbers += 1
-            batch = self._batch = _Batch(self._numbers)
+            batch = self._opened()
         result = fn()
         batch.writes += 1 if writes is None else writes(result)
         batch.bytes += size
         if batch.writes >= self.max_writes or batch.bytes >= self.max_bytes:
             self._commit(batch)
         return result, batch
+
+    def _opened(self) -> _Batch:
+        """The batch of the transaction just begun."""
+        self._numbers += 1
+        self._batch = _Batch(self._numbers)
+        return self._batch
 
     def before_commit(self, hook: Callable[[], None]) -> None:
         """Call ``hook`` inside the open batch just before it commits (once)."""
