@@ -4,8 +4,10 @@ Run: PYTHONPATH=. .venv/bin/python tests/bench/bench_verify.py
 
 V is plain `cryptography` (OpenSSL) on the same signatures in the same run, so the ratio
 cancels the machine's speed. The verifier's figures: honest signatures (libsodium's fast path),
-refusals of mangled ones with an honest key (fast path + R's subgroup check), and the pure-Python
-rule every crafted signature falls back to (the cost a hostile peer can force per message).
+refusals of mangled ones with an honest key (fast path + R's subgroup check), signatures whose R
+has a torsion part (what a hostile peer can force per message: the fast path's refusal, then the
+slow path), the slow path alone (the reference's rule on libsodium's group operations), and the
+same rule in pure Python (its statement, which the slow path was until 2026-12-02).
 Then the ECDSA verifiers of p2psync/dwn/ecdsa.py (ES256K on secp256k1, ES256 on P-256), honest
 signatures by a key already read from its JWK, as the engine verifies them.
 """
@@ -17,6 +19,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+import nacl.bindings
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
@@ -54,16 +57,25 @@ def main() -> None:
     assert all(ed25519.verify(*c) for c in cases)
     mangled = [(pub, sig[:40] + bytes([sig[40] ^ 1]) + sig[41:], msg) for pub, sig, msg in cases]
     assert not any(ed25519.verify(*c) for c in mangled)
+    torsion = next(t for t in sorted(ed25519._torsion()) if t != ed25519._SODIUM_IDENTITY)
+    crafted = [
+        (pub, nacl.bindings.crypto_core_ed25519_add(sig[:32], torsion) + sig[32:], msg) for pub, sig, msg in cases
+    ]
+    assert not any(ed25519.verify(*c) for c in crafted)
 
     v = _rate(_cryptography, cases)
     ours = _rate(ed25519.verify, cases)
     refusals = _rate(ed25519.verify, mangled)
-    slow = _rate(ed25519.reference_outcome, cases[:SLOW_PATH_SAMPLES])
+    forced = _rate(ed25519.verify, crafted)
+    sodium = _rate(ed25519._sodium_outcome, crafted)
+    slow = _rate(ed25519.reference_outcome, crafted[:SLOW_PATH_SAMPLES])
     print(f"{SIGNATURES} signatures over {MESSAGE_BYTES}-byte messages, best of {REPEATS}, one core")
     print(f"V  cryptography (OpenSSL) verify          {v:9.0f} /s")
     print(f"   p2psync ed25519.verify, honest         {ours:9.0f} /s   {ours / v:5.2f} V")
     print(f"   p2psync ed25519.verify, mangled S      {refusals:9.0f} /s   {refusals / v:5.2f} V")
-    print(f"   pure-Python reference rule (slow path) {slow:9.0f} /s   {slow / v:5.3f} V")
+    print(f"   p2psync ed25519.verify, R + torsion    {forced:9.0f} /s   {forced / v:5.2f} V   (forced slow path)")
+    print(f"   the slow path alone (libsodium's ops)  {sodium:9.0f} /s   {sodium / v:5.2f} V")
+    print(f"   the same rule in pure Python           {slow:9.0f} /s   {slow / v:5.3f} V")
     for crv in ecdsa.CURVES:
         signers = [Identity.generate("jwk", crv) for _ in range(20)]
         ec_cases = []
