@@ -254,6 +254,7 @@ def run_sync_repair(
                              on_progress=bar)
     finally:
         bar.close()
+        peer.save_not_applied()  # if its last write found another process's lock
     if as_json:
         print(json.dumps(summary.to_json()), file=stdout)
     else:

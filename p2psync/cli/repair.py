@@ -142,6 +142,7 @@ def run_repair(
     finally:
         if bar is not None:
             bar.close()
+        peer.save_not_applied()  # if its last write found another process's lock
     seconds = time.monotonic() - started
     counts, reasons = _totals(results)
     ok = not reasons

@@ -437,6 +437,7 @@ def run_sync(
         summary, failure, stopped = trio.run(main)
     finally:
         bars.close()
+        peer.save_not_applied()  # if its last write found another process's lock
     seconds = time.monotonic() - started
     if failure is not None:
         line = errors.describe(failure, url)

@@ -663,6 +663,7 @@ class Store:
         self._tenant_ids: dict[str, int] = {}
         self._unsettled_tenants: set[str] = set()
         self._folding = False  # inside :meth:`folded`: inner transaction scopes are folded into it
+        self._no_wait_depth = 0  # :meth:`no_busy_wait` scopes open (they nest)
         self._migrate()
         self.conn.create_scalar_function("p2psync_blob_dropped", self._blob_dropped, 1)
         self.conn.execute(_BLOB_DROPPED_TRIGGERS)
@@ -808,12 +809,17 @@ class Store:
     @contextlib.contextmanager
     def no_busy_wait(self) -> Iterator[None]:
         """Inside, a statement that meets another connection's lock fails at once (BUSY) instead
-        of waiting up to ``busy_timeout``."""
-        self.conn.set_busy_handler(None)
+        of waiting up to ``busy_timeout``. Scopes nest: the waiting comes back when the outermost
+        one ends."""
+        if not self._no_wait_depth:
+            self.conn.set_busy_handler(None)
+        self._no_wait_depth += 1
         try:
             yield
         finally:
-            self.conn.set_busy_handler(_busy_handler(self.busy_timeout))
+            self._no_wait_depth -= 1
+            if not self._no_wait_depth:
+                self.conn.set_busy_handler(_busy_handler(self.busy_timeout))
 
     def collect_blobs(self, *, everything: bool = False) -> int:
         """Remove the blob files no committed row references: those reported since the last

@@ -853,6 +853,7 @@ class Node:
             self.peer.committer.flush()
         except StoreUnavailable as exc:  # nothing more to lose: what was committed stays
             log.error("the last commit failed: %s", exc)
+        self.peer.save_not_applied()  # if its last write found another process's lock
 
     # -- status and metrics -----------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ this module gives it a connection and its timers: the checkpoint save every
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
@@ -172,16 +173,33 @@ class Peer:
         #: node's status lists the last ones), kept in the store with the next commit.
         self._not_applied_records = NotAppliedRecords(store)
         self.not_applied = self._not_applied_records.load()
+        self._not_applied_unsaved = False  # a write of the list waits for another process's lock
         self.not_applied.listeners.append(lambda _: self.committer.before_commit(self._keep_not_applied))
         self.settle_held()
 
-    def _keep_not_applied(self) -> None:
-        """Write the not-applied log with the open batch (or now, when none is open); a failure
-        is logged, never the batch's: the messages' own writes matter more than this record."""
+    def _keep_not_applied(self, *, wait: bool = False) -> None:
+        """Write the not-applied log with the open batch, or, with none open, now if the write
+        lock is free: the event loop never sits in SQLite's busy handler for this record (when
+        another process holds the lock, :meth:`tend_not_applied` or :meth:`save_not_applied`
+        writes it later; ``wait``: wait for the lock as any write does). A failure is logged,
+        never the batch's: the messages' own writes matter more than this record."""
         try:
-            self._not_applied_records.save(self.not_applied)
+            with contextlib.nullcontext() if wait else self.store.no_busy_wait():
+                self._not_applied_records.save(self.not_applied)
+        except apsw.BusyError:
+            if wait:
+                log.warning("the list of messages that did not apply was not saved: the store stayed locked")
+            self._not_applied_unsaved = True
+            return
         except (apsw.Error, errors.LocalFailure) as exc:
             log.warning("the list of messages that did not apply was not saved: %s", exc)
+        self._not_applied_unsaved = False
+
+    def save_not_applied(self) -> None:
+        """Write the not-applied log now if a write of it was put off for another process's
+        lock, waiting for the lock this time (a command's end, a node's stop)."""
+        if self._not_applied_unsaved:
+            self._keep_not_applied(wait=True)
 
     def settle_held(self) -> None:
         """Drop from the not-applied log the messages received here that the store holds now:
@@ -193,19 +211,29 @@ class Peer:
                 self.not_applied.settle(entry.message_cid)
 
     def tend_not_applied(self) -> bool:
-        """What a node does about once a second: :meth:`settle_held`, and empty the log (here
-        and in the store) when another process asked (``status --clear-not-applied``). Returns
-        whether it emptied it: the node then writes its status and calls :meth:`answer_clear`,
-        which tells the asker."""
+        """What a node does about once a second: :meth:`settle_held`, write the log if a write
+        of it was put off, and empty the log (here and in the store) when another process asked
+        (``status --clear-not-applied``). Returns whether it emptied it, the store's copy
+        included: the node then writes its status and calls :meth:`answer_clear`, which tells
+        the asker. None of it waits for another process's write lock; what finds it taken is
+        done at a later look."""
         self.settle_held()
+        if self._not_applied_unsaved:
+            self._keep_not_applied()
         if not self._not_applied_records.clear_requested():
             return False
         self.not_applied.clear()
         self._keep_not_applied()  # with the open batch, if one is
-        return True
+        return not self._not_applied_unsaved
 
     def answer_clear(self) -> None:
-        self._not_applied_records.answer_clear()
+        """Withdraw the request to clear (the asker stops waiting); if the lock is taken, the
+        request stays and the next :meth:`tend_not_applied` clears (nothing) and answers again."""
+        try:
+            with self.store.no_busy_wait():
+                self._not_applied_records.answer_clear()
+        except apsw.BusyError:
+            log.info("the request to clear the not-applied list is answered at the next look: the store is locked")
 
     # -- sessions ---------------------------------------------------------------------------
 
