@@ -22,7 +22,7 @@ from p2psync.dwn.engine import Dwn
 from p2psync.dwn.records_write import RecordsWrite
 from p2psync.dwn.store import Store
 from p2psync.peer.peer import Peer
-from p2psync.replication.stats import MAX_NOT_APPLIED, NotApplied, NotAppliedLog
+from p2psync.replication.stats import MAX_NOT_APPLIED, MAX_NOT_APPLIED_TRACKED, NotApplied, NotAppliedLog
 from p2psync.state.copies import NotAppliedRecords
 from tests.replication.support import seeded
 from tests.test_cli_sync import STARTUP_DEADLINE, run, run_json, serving, two_devices
@@ -159,6 +159,11 @@ def test_the_store_keeps_the_not_applied_log(tmp_path: Path) -> None:
     store.conn.execute("UPDATE peer_not_applied SET body='{\"messageCid\": 7}' WHERE position=1")
     damaged = NotAppliedRecords(store).load()
     assert damaged.last == log.last[2:] and damaged.count == log.count
+    assert list(again.overflow) == [("cid0", "here"), ("cid1", "peer")] and again.overflow[("cid1", "peer")] == (
+        "did:x", "store-b")
+    store.conn.execute("UPDATE peer_meta SET value=? WHERE key='notAppliedOverflow'",
+                       ('[["x", "here", "did:x", null], 5, ["y", "nowhere", "did:x", null], ["z", "peer", 7, null]]',))
+    assert NotAppliedRecords(store).load().overflow == {("x", "here"): ("did:x", None)}
     store.close()
 
 
@@ -166,8 +171,8 @@ def test_a_listed_message_that_applies_later_leaves_the_log() -> None:
     """`settle`: a message received here leaves the list (and the count) whichever peer gave it;
     one refused at a peer leaves only when that peer takes it; the listeners hear of it."""
     log = NotAppliedLog()
-    heard: list[str] = []
-    log.listeners.append(lambda e: heard.append(e.message_cid))
+    heard: list[int] = []
+    log.listeners.append(lambda: heard.append(log.count))
 
     def entry(cid: str, where: Literal["here", "peer"], peer: str) -> NotApplied:
         made = NotApplied.of(cid, "did:x", {"kind": "Incomplete", "missing": []}, where=where, peer=peer)
@@ -185,13 +190,28 @@ def test_a_listed_message_that_applies_later_leaves_the_log() -> None:
     log.settle("here1")  # applied here, given by another peer than store-a
     log.settle("there1", "peer", "store-b")
     assert [e.message_cid for e in log.last] == ["there2"] and log.count == 1
-    assert heard == ["here1", "there1"]
+    assert heard == [2, 1]
     assert log.lines() == ["1 message(s) did not apply:", f"  {log.last[0].line()}"]
-    # Past the list's length only the count is known: settling a listed one leaves the rest counted.
+    # Past the list's length a message is remembered by CID, so it still leaves the count.
     for i in range(MAX_NOT_APPLIED + 3):
         log.add(entry(f"more{i}", "here", "store-a"))
-    log.settle(f"more{MAX_NOT_APPLIED + 2}")
-    assert log.count == MAX_NOT_APPLIED + 3 and len(log.last) == MAX_NOT_APPLIED - 1
+    assert log.count == MAX_NOT_APPLIED + 4
+    assert list(log.overflow) == [("there2", "peer"), ("more0", "here"), ("more1", "here"), ("more2", "here")]
+    log.settle(f"more{MAX_NOT_APPLIED + 2}")  # listed
+    log.settle("more0")  # remembered
+    log.settle("there2", "peer", "store-c")  # another peer took it: still counted
+    assert log.count == MAX_NOT_APPLIED + 2 and len(log.last) == MAX_NOT_APPLIED - 1
+    log.settle("there2", "peer", "store-b")
+    log.add(entry("more1", "here", "store-a"))  # offered again after it left the list: counted once
+    assert log.count == MAX_NOT_APPLIED + 1 and log.last[-1].message_cid == "more1"
+    assert list(log.overflow) == [("more2", "here")]
+    # The remembered ones are bounded; older ones stay counted until the list is cleared.
+    for i in range(MAX_NOT_APPLIED_TRACKED + MAX_NOT_APPLIED):
+        log.add(entry(f"flood{i}", "here", "store-a"))
+    assert len(log.overflow) == MAX_NOT_APPLIED_TRACKED and ("more2", "here") not in log.overflow
+    assert log.count == MAX_NOT_APPLIED + 1 + MAX_NOT_APPLIED_TRACKED + MAX_NOT_APPLIED
+    log.clear()
+    assert (log.count, log.last, log.overflow) == (0, [], {})
 
 
 def test_a_peer_drops_what_its_store_holds_now_from_the_log_it_left(tmp_path: Path) -> None:
@@ -212,4 +232,15 @@ def test_a_peer_drops_what_its_store_holds_now_from_the_log_it_left(tmp_path: Pa
     peer = Peer(store, alice)
     assert [e.message_cid for e in peer.not_applied.last] == ["bafyreinotheld"] and peer.not_applied.count == 1
     assert [e.message_cid for e in NotAppliedRecords(store).load().last] == ["bafyreinotheld"]
+    # The same for one that had left the named list for newer ones.
+    log = NotAppliedLog()
+    for cid in [message_cid(write.message)] + [f"bafyreinotheld{i}" for i in range(MAX_NOT_APPLIED)]:
+        made = NotApplied.of(cid, alice.did, {"kind": "Incomplete", "missing": []}, peer="store-b")
+        assert made is not None
+        log.add(made)
+    assert list(log.overflow) == [(message_cid(write.message), "here")] and log.count == MAX_NOT_APPLIED + 1
+    NotAppliedRecords(store).save(log)
+    peer = Peer(store, alice)
+    assert peer.not_applied.overflow == {} and peer.not_applied.count == MAX_NOT_APPLIED
+    assert NotAppliedRecords(store).load().count == MAX_NOT_APPLIED
     store.close()

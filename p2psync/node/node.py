@@ -80,7 +80,6 @@ from p2psync.peer.peer import Peer
 from p2psync.peer.retry import RetryGate, ledger_schedule
 from p2psync.peer.session import PRE_HELLO_MAX_MESSAGE
 from p2psync.replication.hello import Hello
-from p2psync.replication.stats import NotApplied
 from p2psync.replication.wire import APP_ID
 from p2psync.state.committer import StoreUnavailable
 from p2psync.state.ledger import LinkKey, LinkNotFound, LinkState, retry_delay
@@ -857,7 +856,7 @@ class Node:
 
     # -- status and metrics -----------------------------------------------------------------------
 
-    def _on_not_applied(self, entry: NotApplied) -> None:
+    def _on_not_applied(self) -> None:
         self._status_dirty = True
 
     async def _status_writer(self) -> None:

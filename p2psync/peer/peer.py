@@ -174,7 +174,7 @@ class Peer:
         self._not_applied_records = NotAppliedRecords(store)
         self.not_applied = self._not_applied_records.load()
         self._not_applied_unsaved = False  # a write of the list waits for another process's lock
-        self.not_applied.listeners.append(lambda _: self.committer.before_commit(self._keep_not_applied))
+        self.not_applied.listeners.append(lambda: self.committer.before_commit(self._keep_not_applied))
         self.settle_held()
 
     def _keep_not_applied(self, *, wait: bool = False) -> None:
@@ -205,10 +205,12 @@ class Peer:
         """Drop from the not-applied log the messages received here that the store holds now:
         applied since by a path that does not report to the log (a repair, another process on
         this store, a run of this store before a restart)."""
-        history = self.dwn.history
-        for entry in [e for e in self.not_applied.last if e.where == "here"]:
-            if history.holds(entry.tenant, entry.message_cid):
-                self.not_applied.settle(entry.message_cid)
+        history, log = self.dwn.history, self.not_applied
+        listed = [(e.tenant, e.message_cid) for e in log.last if e.where == "here"]
+        remembered = [(tenant, cid) for (cid, where), (tenant, _) in log.overflow.items() if where == "here"]
+        for tenant, cid in listed + remembered:
+            if history.holds(tenant, cid):
+                log.settle(cid)
 
     def tend_not_applied(self) -> bool:
         """What a node does about once a second: :meth:`settle_held`, write the log if a write

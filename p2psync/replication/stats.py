@@ -7,8 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, Final, Literal
 
-__all__ = ["MAX_NOT_APPLIED", "MAX_REASON", "NOT_APPLIED_KINDS", "NotApplied", "NotAppliedLog", "SyncProgress",
-           "SyncStats", "SyncSummary"]
+__all__ = ["MAX_NOT_APPLIED", "MAX_NOT_APPLIED_TRACKED", "MAX_REASON", "NOT_APPLIED_KINDS", "NotApplied",
+           "NotAppliedLog", "SyncProgress", "SyncStats", "SyncSummary"]
 
 #: How many messages that did not apply a summary or a status names one by one (the latest
 #: ones: a user fixing a cause looks at the newest); past that they are only counted. Ours: a
@@ -19,6 +19,10 @@ MAX_NOT_APPLIED: Final = 20
 #: arrived). Both hold a link out of ``live`` (Incomplete) or settle it silently (Invalid);
 #: either way the user is shown which messages, and why.
 NOT_APPLIED_KINDS: Final = frozenset({"Invalid", "Incomplete"})
+#: Messages that left the named list and are still remembered by CID, so that they leave the
+#: count when they apply (~100 bytes each in the store and in memory). Ours.
+MAX_NOT_APPLIED_TRACKED: Final = 1000
+_ABSENT: Final = object()
 # A reason that starts with a DWN error code ("RecordsWriteSignatureInvalid: ...") names it.
 _CODE: Final = re.compile(r"([A-Z][A-Za-z0-9]+):")
 # A reason comes from the peer (a push's answer); keep a line of it.
@@ -95,49 +99,66 @@ def _ref_text(ref: Any) -> str:
 @dataclass
 class NotAppliedLog:
     """The messages that did not apply and have not applied since: the latest
-    :data:`MAX_NOT_APPLIED` of them, and how many (a message seen again while still listed
-    counts once). A listed message that applies later (its dependency arrived, a peer took it
-    on a later push) leaves the list and the count (:meth:`settle`); one that left the list
-    for newer ones stays counted."""
+    :data:`MAX_NOT_APPLIED` of them, and how many (a message seen again counts once). A
+    message that applies later (its dependency arrived, a peer took it on a later push) leaves
+    the list and the count (:meth:`settle`), also after it left the list for newer ones: the
+    log remembers those by CID (:attr:`overflow`, the latest :data:`MAX_NOT_APPLIED_TRACKED`;
+    one older than that stays counted for good)."""
 
     count: int = 0
     last: list[NotApplied] = field(default_factory=list)
-    #: called after each change, with the entry added or settled (a peer keeps the log in its
-    #: store, a node rewrites its status file); must not raise
-    listeners: list[Callable[[NotApplied], None]] = field(default_factory=list, repr=False, compare=False)
+    #: what left :attr:`last` for newer entries and has not applied since, oldest first:
+    #: ``(messageCid, where)`` to ``(tenant, the peer's storeId or None)``
+    overflow: dict[tuple[str, str], tuple[str, str | None]] = field(default_factory=dict)
+    #: called after each change (a peer keeps the log in its store, a node rewrites its status
+    #: file); must not raise
+    listeners: list[Callable[[], None]] = field(default_factory=list, repr=False, compare=False)
 
     def add(self, entry: NotApplied) -> None:
-        """Keep ``entry``; a message already listed (a round's reconciliation fetched it, then
-        its log offered it again; a peer retries it every round) moves to the end instead of
-        counting twice."""
-        again = [i for i, e in enumerate(self.last) if (e.message_cid, e.where) == (entry.message_cid, entry.where)]
+        """Keep ``entry``; a message already in the log (a round's reconciliation fetched it,
+        then its log offered it again; a peer retries it every round) moves to the end instead
+        of counting twice."""
+        key = (entry.message_cid, entry.where)
+        again = [i for i, e in enumerate(self.last) if (e.message_cid, e.where) == key]
         for i in reversed(again):
             del self.last[i]
-        if not again:
+        if not again and self.overflow.pop(key, _ABSENT) is _ABSENT:
             self.count += 1
         self.last.append(entry)
+        for gone in self.last[:-MAX_NOT_APPLIED]:
+            self.overflow[(gone.message_cid, gone.where)] = (gone.tenant, gone.peer)
         del self.last[:-MAX_NOT_APPLIED]
-        for listener in self.listeners:
-            listener(entry)
+        while len(self.overflow) > MAX_NOT_APPLIED_TRACKED:
+            del self.overflow[next(iter(self.overflow))]
+        self._changed()
 
     def settle(self, message_cid: str, where: Literal["here", "peer"] = "here", peer: str | None = None) -> None:
         """``message_cid`` applied after all: here (``where="here"``, from whichever peer or
         path), or at the peer ``peer`` that had refused it (``where="peer"``). Runs for every
-        applied message, so the common case (an empty list) costs one test."""
-        if not self.last:
+        applied message, so the common case (an empty log) costs two tests."""
+        if not self.last and not self.overflow:
             return
         for i, e in enumerate(self.last):
             if e.message_cid == message_cid and e.where == where and (where == "here" or e.peer == peer):
                 del self.last[i]
-                self.count = max(self.count - 1, len(self.last))
-                for listener in self.listeners:
-                    listener(e)
+                break
+        else:
+            key = (message_cid, where)
+            if key not in self.overflow or (where == "peer" and self.overflow[key][1] != peer):
                 return
+            del self.overflow[key]
+        self.count = max(self.count - 1, len(self.last) + len(self.overflow))
+        self._changed()
 
     def clear(self) -> None:
         """Forget every entry (a user read them: ``status --clear-not-applied``)."""
         self.last.clear()
+        self.overflow.clear()
         self.count = 0
+
+    def _changed(self) -> None:
+        for listener in self.listeners:
+            listener()
 
     def to_json(self) -> dict[str, Any]:
         return {"count": self.count, "last": [e.to_json() for e in self.last]}

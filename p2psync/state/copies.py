@@ -18,7 +18,7 @@ from p2psync.dwn.encoding import dag_cbor_encode, json_compact
 from p2psync.dwn.store import Store
 from p2psync.errors import CheckpointRevConflict
 from p2psync.replication.checkpoint import DirectionCheckpoint, checkpoint_id
-from p2psync.replication.stats import MAX_NOT_APPLIED, NotApplied, NotAppliedLog
+from p2psync.replication.stats import MAX_NOT_APPLIED, MAX_NOT_APPLIED_TRACKED, NotApplied, NotAppliedLog
 
 __all__ = ["CheckpointCopies", "NotAppliedRecords", "Origins", "checkpoint_id", "pair_rev", "store_id"]
 
@@ -201,7 +201,8 @@ class Origins:
 
 class NotAppliedRecords:
     """A :class:`NotAppliedLog` kept in the store (``peer_not_applied``): the latest entries
-    and the count, rewritten whole after a change (at most :data:`MAX_NOT_APPLIED` rows)."""
+    and the count, rewritten whole after a change (at most :data:`MAX_NOT_APPLIED` rows), and
+    the messages that left the list, still counted, by CID (one ``peer_meta`` value)."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
@@ -213,7 +214,9 @@ class NotAppliedRecords:
                 if (entry := NotApplied.from_json(_json_or_none(str(body)))) is not None][-MAX_NOT_APPLIED:]
         row = conn.execute("SELECT value FROM peer_meta WHERE key='notAppliedCount'").fetchone()
         count = int(row[0]) if row is not None and str(row[0]).isdigit() else 0
-        return NotAppliedLog(max(count, len(last)), last)
+        row = conn.execute(f"SELECT value FROM peer_meta WHERE key='{_OVERFLOW}'").fetchone()
+        overflow = _overflow_from_json(_json_or_none(str(row[0])) if row is not None else None)
+        return NotAppliedLog(max(count, len(last) + len(overflow)), last, overflow)
 
     def save(self, log: NotAppliedLog) -> None:
         """Inside the caller's transaction, or in one of its own."""
@@ -223,6 +226,9 @@ class NotAppliedRecords:
             conn.executemany("INSERT INTO peer_not_applied(position, body) VALUES(?,?)",
                              [(i, json_compact(e.to_json())) for i, e in enumerate(log.last)])
             conn.execute("INSERT OR REPLACE INTO peer_meta(key, value) VALUES('notAppliedCount', ?)", (str(log.count),))
+            overflow = [[cid, where, tenant, peer] for (cid, where), (tenant, peer) in log.overflow.items()]
+            conn.execute(f"INSERT OR REPLACE INTO peer_meta(key, value) VALUES('{_OVERFLOW}', ?)",
+                         (json_compact(overflow),))
 
     def clear(self) -> int:
         """Empty the kept list, and withdraw any request to (:meth:`request_clear`); returns the
@@ -250,6 +256,19 @@ class NotAppliedRecords:
 
 #: The ``peer_meta`` key of a request to clear the not-applied list (``status --clear-not-applied``).
 _CLEAR_REQUEST: Final = "notAppliedClear"
+#: The ``peer_meta`` key of the messages that left the list and are still counted (JSON
+#: ``[[messageCid, where, tenant, peer or null], ...]``, oldest first).
+_OVERFLOW: Final = "notAppliedOverflow"
+
+
+def _overflow_from_json(rows: Any) -> dict[tuple[str, str], tuple[str, str | None]]:
+    """What :meth:`NotAppliedRecords.save` wrote; a damaged row (edited by hand) is skipped."""
+    out: dict[tuple[str, str], tuple[str, str | None]] = {}
+    for row in rows if isinstance(rows, list) else []:
+        if isinstance(row, list) and len(row) == 4 and isinstance(row[0], str) and row[1] in ("here", "peer") \
+                and isinstance(row[2], str) and (row[3] is None or isinstance(row[3], str)):
+            out[(row[0], row[1])] = (row[2], row[3])
+    return dict(list(out.items())[-MAX_NOT_APPLIED_TRACKED:])
 
 
 def _json_or_none(text: str) -> Any:
