@@ -285,14 +285,17 @@ class SyncScope:
         """
         if self.kind == "global":
             return True
-        protocol = self.protocol
-        if facts.protocol != protocol:
+        if facts.protocol == PERMISSIONS_PROTOCOL_URI:
             # Every permission request, grant and revocation (and delete of one): those of the
             # protocol and of none decide what a grantee may read of it, and a read that cites
             # another protocol's grant is answered by falling back to what anyone may see,
             # which needs that grant here too. The permissions protocol whole, so the scope's
             # set is two protocols' stored sets (anti-entropy.md §1): a configure of its URL too.
-            return facts.protocol == PERMISSIONS_PROTOCOL_URI
+            # Whole also when it is the scope's own protocol: a subset of it would leave out
+            # the revocations that end the grants it holds.
+            return True
+        if facts.protocol != self.protocol:
+            return False
         if self.kind == "protocol":
             return True
         if facts.interface == _PROTOCOLS:

@@ -30,6 +30,7 @@ from typing import Any, Final
 from p2psync.dwn.did import Identity
 from p2psync.dwn.encoding import message_cid
 from p2psync.dwn.engine import Dwn
+from p2psync.dwn.permissions import PERMISSIONS_PROTOCOL_URI
 from p2psync.dwn.protocols import ProtocolsQuery
 from p2psync.dwn.records import ALL_RECORDS_FILTER, create_records_query, create_records_read
 from p2psync.dwn.store import Store
@@ -37,8 +38,8 @@ from p2psync.replication.checkpoint import DirectionCheckpoint
 from p2psync.replication.scope import SyncScope
 from p2psync.sim.writers import Authored, Cast
 
-__all__ = ["CLASSES", "Finding", "ReplicaState", "answers", "archived", "canonical_state", "intent_view",
-           "protocol_view", "replica_state", "scope_reads"]
+__all__ = ["CLASSES", "Finding", "ReplicaState", "answers", "archived", "canonical_state", "in_intent",
+           "intent_view", "listed_without_roles", "protocol_view", "replica_state", "scope_reads"]
 
 #: Outcome classes, most severe first: a seed takes the first class any of its findings has.
 CLASSES: Final = ("stuck", "lost", "diverged")
@@ -131,6 +132,52 @@ def regressed(old: DirectionCheckpoint, new: DirectionCheckpoint) -> bool:
 # == subsets (``--scopes mixed``) ===============================================================
 
 
+def _under(prefix: str, value: Any) -> bool:
+    """``value`` is ``prefix`` or lies under it, ``/``-segment-wise."""
+    return isinstance(value, str) and (value == prefix or value.startswith(prefix + "/"))
+
+
+def in_intent(scope: SyncScope, indexes: dict[str, Any]) -> bool:
+    """Whether a message (by the index key-values kept with it; a delete's are its record's) is
+    in ``scope``'s intent, restated from docs/scopes.md for the judge rather than taken from
+    :meth:`SyncScope.matches`, the code under test: its protocol; for a subset, a protocolPath
+    under one of the path prefixes and a contextId under one of the context prefixes (each
+    when given)."""
+    if scope.kind == "global":
+        return True
+    if indexes.get("protocol") != scope.protocol:
+        return False
+    paths, contexts = scope.protocol_path_prefixes, scope.context_id_prefixes
+    return (not paths or any(_under(p, indexes.get("protocolPath")) for p in paths)) and (
+        not contexts or any(_under(c, indexes.get("contextId")) for c in contexts))
+
+
+def listed_without_roles(scope: SyncScope, indexes: dict[str, Any]) -> bool:
+    """Whether a source lists a message for ``scope``, by the effective listing rule as
+    protocol/replication-state.md states it (restated for the judge, not
+    :meth:`SyncScope.lists`), leaving out rule 3: a role record is listed only once a
+    configure makes its path a role, which the judge does not follow."""
+    if scope.kind == "global" or in_intent(scope, indexes):
+        return True
+    protocol, interface = indexes.get("protocol"), indexes.get("interface")
+    if protocol == PERMISSIONS_PROTOCOL_URI:  # rule 2: the permissions protocol whole
+        return True
+    if protocol != scope.protocol:
+        return False
+    if interface == "Protocols":  # rule 1
+        return indexes.get("method") == "Configure"
+    if interface != "Records" or indexes.get("method") != "Delete":
+        return False
+    # Rule 4: a delete of a record that can be an ancestor of a record in the scope.
+    path, context = indexes.get("protocolPath"), indexes.get("contextId")
+    if not isinstance(path, str):
+        return False
+    paths, contexts = scope.protocol_path_prefixes, scope.context_id_prefixes
+    if paths and not any(p != path and _under(path, p) for p in paths):
+        return False
+    return not contexts or any(_under(context, c) for c in contexts if isinstance(context, str))
+
+
 def intent_view(store: Store, tenant: str, scope: SyncScope) -> tuple[frozenset[str], frozenset[tuple[str, str, int]]]:
     """The event-log CIDs of the messages of ``scope``'s intent ``store`` holds (by the index
     key-values logged with them: a delete's are its record's), and the data of their records."""
@@ -140,7 +187,7 @@ def intent_view(store: Store, tenant: str, scope: SyncScope) -> tuple[frozenset[
     cids, records = set(), set()
     for cid, indexes in store.conn.execute("SELECT cid, indexes FROM events WHERE tenant=?", (tid,)):
         facts = json.loads(indexes)
-        if scope.matches(facts):
+        if in_intent(scope, facts):
             cids.add(str(cid))
             records.add(facts.get("recordId"))
     data = frozenset((str(r), str(d), int(n)) for r, d, n in store.conn.execute(

@@ -47,7 +47,7 @@ from p2psync.replication.effects import (
 )
 from p2psync.replication.hello import OFFERED_CAPABILITIES, REVS, Hello
 from p2psync.replication.protocol import ReplicationProtocol
-from p2psync.replication.scope import ListingFacts, SyncScope
+from p2psync.replication.scope import SyncScope
 from p2psync.replication.sink import Sink
 from p2psync.replication.wire import PeerError
 from p2psync.sim.check import (
@@ -57,6 +57,7 @@ from p2psync.sim.check import (
     archived,
     canonical_state,
     intent_view,
+    listed_without_roles,
     protocol_view,
     regressed,
     replica_state,
@@ -922,7 +923,7 @@ class Simulation:
         admitted = set().union(*(archived(p.store, self.tenant) for p in full))
         scope = self.subset_scope
         return [a for a in union
-                if a.peer in names or a.cid in admitted or scope.lists(ListingFacts.of(a.indexes))]
+                if a.peer in names or a.cid in admitted or listed_without_roles(scope, a.indexes)]
 
     def _judge_subset(self, peer: SimPeer, reference: SimPeer) -> None:
         """A peer reached only through scoped links holds a subset (docs/scopes.md). Against a
